@@ -1,0 +1,34 @@
+"""Exceptions that carry a cause an engineer can act on.
+
+Every error names the host (or file) and what went wrong, in one line, because these
+messages end up as the only line a CI log shows for a red preflight.
+"""
+
+from __future__ import annotations
+
+
+class GpuReadyError(Exception):
+    """Base class for every error the plugin raises on purpose."""
+
+
+class HostError(GpuReadyError):
+    """A host could not be reached or a command could not be run on it (ssh refused, auth, timeout)."""
+
+
+class HostSpecError(GpuReadyError, ValueError):
+    """A host spec (``--gpu-host``) that is not ``local``, ``host``, ``user@host`` or ``ssh://user@host:port``."""
+
+
+class ProbeError(GpuReadyError):
+    """The host answered, but a measurement could not be taken (driver gone, ``[N/A]``, garbled output).
+
+    A check that meets a ProbeError errors; it never passes, because nothing was measured.
+    """
+
+
+class NoGpuError(GpuReadyError):
+    """The local machine has no NVIDIA GPU and no ``--gpu-host`` was given: GPU checks skip, with this reason."""
+
+
+class ConfigError(GpuReadyError, ValueError):
+    """A deploy file, model config or option value that is malformed; the message names file, key and expectation."""

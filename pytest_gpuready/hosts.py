@@ -1,0 +1,296 @@
+"""Where commands run: the local machine, or a GPU server over the system OpenSSH client.
+
+This is the only module that starts processes for probing. Everything else asks a
+:class:`Host` to run a POSIX ``sh`` script and reads its output, so the same parsers and checks
+serve ``--gpu-host local`` and ``--gpu-host root@gpu-box-7``.
+
+The system ``ssh`` is used (not a Python SSH library) so that ``~/.ssh/config``, ProxyJump,
+agents and known_hosts behave exactly as they do for the engineer at a terminal. One
+multiplexed master connection per host (ControlMaster in a private temp dir) makes every
+later command a cheap round trip instead of a new TCP + key exchange.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from pytest_gpuready.errors import HostError, HostSpecError
+
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+DEFAULT_COMMAND_TIMEOUT_S = 120.0
+
+_USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+_HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+_IPV6_RE = re.compile(r"^\[([0-9A-Fa-f:.]+)\]$")
+_SSH_OPTION_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*[= ]\S.*$")
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """A parsed ``--gpu-host`` value."""
+
+    kind: str  # "local" or "ssh"
+    hostname: str = "localhost"
+    user: str | None = None
+    port: int | None = None
+
+    @property
+    def target(self) -> str:
+        """``user@host`` as the ssh client takes it (IPv6 without brackets)."""
+        return f"{self.user}@{self.hostname}" if self.user else self.hostname
+
+    def __str__(self) -> str:
+        if self.kind == "local":
+            return "local"
+        host = f"[{self.hostname}]" if ":" in self.hostname else self.hostname
+        text = f"{self.user}@{host}" if self.user else host
+        return f"{text}:{self.port}" if self.port else text
+
+
+def parse_host_spec(spec: str) -> HostSpec:
+    """Parse ``local``, ``host``, ``user@host`` or ``ssh://user@host:port``.
+
+    Anything else, including shell metacharacters or a leading ``-`` that ssh would read as an
+    option, is rejected with a one-line :class:`HostSpecError` naming the value.
+    """
+    text = spec.strip()
+    if text == "local":
+        return HostSpec("local")
+    expected = "expected 'local', 'host', 'user@host' or 'ssh://user@host:port'"
+    if not text:
+        raise HostSpecError(f"--gpu-host is empty: {expected}")
+    port: int | None = None
+    rest = text
+    if "://" in text:
+        scheme, rest = text.split("://", 1)
+        if scheme != "ssh":
+            raise HostSpecError(f"--gpu-host {spec!r}: unknown scheme {scheme!r}; {expected}")
+        port_match = re.match(r"^(.*?)(?::(\d+))?/?$", rest)
+        assert port_match is not None  # the pattern matches any string
+        rest, port_text = port_match.group(1), port_match.group(2)
+        if port_text is not None:
+            port = int(port_text)
+            if not 0 < port < 65536:
+                raise HostSpecError(f"--gpu-host {spec!r}: port {port} is out of range 1-65535")
+    user: str | None = None
+    if "@" in rest:
+        user, rest = rest.rsplit("@", 1)
+        if not _USER_RE.match(user):
+            raise HostSpecError(f"--gpu-host {spec!r}: user {user!r} has characters a login name cannot have")
+    ipv6 = _IPV6_RE.match(rest)
+    hostname = ipv6.group(1) if ipv6 else rest
+    if not ipv6 and not _HOSTNAME_RE.match(hostname):
+        raise HostSpecError(f"--gpu-host {spec!r}: {hostname!r} is not a host name or address; {expected}")
+    return HostSpec("ssh", hostname=hostname, user=user, port=port)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What a script printed and how it exited."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+
+@runtime_checkable
+class Host(Protocol):
+    """A machine that runs POSIX ``sh`` scripts for the probes."""
+
+    @property
+    def name(self) -> str:
+        """How the host is named in messages: ``local`` or ``user@host[:port]``."""
+        ...
+
+    @property
+    def is_local(self) -> bool: ...
+
+    @property
+    def address(self) -> str:
+        """The address a client uses to reach a service listening on this host (HTTP)."""
+        ...
+
+    def run(
+        self, script: str, *, timeout: float = DEFAULT_COMMAND_TIMEOUT_S, stdin: bytes | None = None
+    ) -> CommandResult:
+        """Run ``script`` with ``sh -c``; raise :class:`HostError` if the host cannot run it at all."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _decode(data: bytes | None) -> str:
+    return (data or b"").decode("utf-8", errors="replace")
+
+
+class LocalHost:
+    """This machine: scripts run in a local ``sh``."""
+
+    name = "local"
+    is_local = True
+    address = "127.0.0.1"
+
+    def __init__(self) -> None:
+        self.commands_run = 0
+
+    def run(
+        self, script: str, *, timeout: float = DEFAULT_COMMAND_TIMEOUT_S, stdin: bytes | None = None
+    ) -> CommandResult:
+        self.commands_run += 1
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(
+                ["sh", "-c", script],
+                input=stdin if stdin is not None else b"",
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise HostError(f"local: command timed out after {timeout:g} s") from exc
+        return CommandResult(proc.returncode, _decode(proc.stdout), _decode(proc.stderr),
+                             time.monotonic() - started)
+
+    def close(self) -> None:
+        """Nothing to close for the local machine."""
+
+    def __repr__(self) -> str:
+        return "LocalHost()"
+
+
+_SSH_FAILURES: tuple[tuple[str, str], ...] = (
+    ("connection refused", "connection refused (is sshd running, is the port right?)"),
+    ("permission denied", "authentication failed (BatchMode is on: no password prompt; check the key or agent)"),
+    ("could not resolve hostname", "unknown host (name does not resolve)"),
+    ("name or service not known", "unknown host (name does not resolve)"),
+    ("connection timed out", "connection timed out"),
+    ("operation timed out", "connection timed out"),
+    ("host key verification failed", "host key verification failed (the host is not in known_hosts or its key changed)"),
+    ("no route to host", "no route to host"),
+    ("network is unreachable", "network is unreachable"),
+    ("connection closed by", "connection closed by the remote side"),
+    ("connection reset", "connection reset by the remote side"),
+)
+
+
+def explain_ssh_failure(stderr: str) -> str:
+    """Turn the ssh client's stderr (exit 255) into a short cause."""
+    lowered = stderr.lower()
+    for needle, cause in _SSH_FAILURES:
+        if needle in lowered:
+            return cause
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    return lines[-1] if lines else "ssh failed with no message"
+
+
+@dataclass
+class SSHHost:
+    """A remote machine reached with the system ``ssh`` client over one multiplexed connection.
+
+    The first command opens a master connection (ControlMaster=auto) whose socket lives in a
+    private temporary directory; later commands reuse it. :meth:`close` stops the master.
+    """
+
+    spec: HostSpec
+    identity_file: str | None = None
+    ssh_options: tuple[str, ...] = ()
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S
+    ssh_binary: str = "ssh"
+    is_local: bool = field(default=False, init=False)
+    commands_run: int = field(default=0, init=False)
+    _control_dir: str | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for option in self.ssh_options:
+            if not _SSH_OPTION_RE.match(option) or "\n" in option:
+                raise HostSpecError(f"--ssh-option {option!r}: expected 'Key=Value', as ssh -o takes it")
+        if shutil.which(self.ssh_binary) is None:
+            raise HostError(f"{self.spec}: the ssh client {self.ssh_binary!r} is not on PATH (install openssh-client)")
+
+    @property
+    def name(self) -> str:
+        return str(self.spec)
+
+    @property
+    def address(self) -> str:
+        return self.spec.hostname
+
+    def _control_path(self) -> str:
+        if self._control_dir is None:
+            self._control_dir = tempfile.mkdtemp(prefix="gpuready-ssh-")
+        return f"{self._control_dir}/%C"
+
+    def ssh_argv(self) -> list[str]:
+        """The ssh client's argv up to and including the target (no remote command)."""
+        argv = [
+            self.ssh_binary,
+            "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}",
+            "-o", "ControlMaster=auto",
+            "-o", f"ControlPath={self._control_path()}",
+            "-o", "ControlPersist=600",
+            "-o", "ServerAliveInterval=15",
+        ]
+        if self.spec.port:
+            argv += ["-p", str(self.spec.port)]
+        if self.identity_file:
+            argv += ["-i", self.identity_file, "-o", "IdentitiesOnly=yes"]
+        for option in self.ssh_options:
+            argv += ["-o", option]
+        argv.append(self.spec.target)
+        return argv
+
+    def run(
+        self, script: str, *, timeout: float = DEFAULT_COMMAND_TIMEOUT_S, stdin: bytes | None = None
+    ) -> CommandResult:
+        self.commands_run += 1
+        argv = [*self.ssh_argv(), "--", "sh -c " + shlex.quote(script)]
+        started = time.monotonic()
+        try:
+            proc = subprocess.run(
+                argv,
+                input=stdin if stdin is not None else b"",
+                capture_output=True,
+                timeout=timeout + self.connect_timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise HostError(f"{self.name}: command timed out after {timeout:g} s") from exc
+        stderr = _decode(proc.stderr)
+        if proc.returncode == 255:
+            raise HostError(f"{self.name}: ssh failed: {explain_ssh_failure(stderr)}")
+        return CommandResult(proc.returncode, _decode(proc.stdout), stderr, time.monotonic() - started)
+
+    def close(self) -> None:
+        """Stop the master connection and remove its socket directory."""
+        if self._control_dir is None:
+            return
+        subprocess.run(
+            [*self.ssh_argv()[:-1], "-O", "exit", self.spec.target],
+            capture_output=True, timeout=self.connect_timeout + 5, check=False,
+        )
+        shutil.rmtree(self._control_dir, ignore_errors=True)
+        self._control_dir = None
+
+
+def connect(
+    spec: str | HostSpec,
+    *,
+    identity_file: str | None = None,
+    ssh_options: tuple[str, ...] = (),
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> Host:
+    """Return a :class:`Host` for a spec. Nothing is contacted until the first :meth:`Host.run`."""
+    parsed = parse_host_spec(spec) if isinstance(spec, str) else spec
+    if parsed.kind == "local":
+        return LocalHost()
+    return SSHHost(parsed, identity_file=identity_file, ssh_options=ssh_options,
+                   connect_timeout=connect_timeout)
