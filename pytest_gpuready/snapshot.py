@@ -1,0 +1,167 @@
+"""What a probe saw on a host at one moment: GPUs, their processes, /dev/shm, topology, vLLM.
+
+Plain frozen data, so checks can be pure functions of a snapshot and tests can build one from
+captured outputs. :mod:`pytest_gpuready.probe` fills it in one round trip.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pytest_gpuready.errors import NoGpuError, ProbeError
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU, with memory in MiB as nvidia-smi reports it.
+
+    ``memory_used_mib`` excludes driver-reserved memory (NVML memory info v2 / nvidia-smi's
+    ``memory.used`` on recent drivers), so an idle GPU reads near 0.
+    """
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    memory_used_mib: int
+    memory_total_mib: int
+    memory_reserved_mib: int | None = None
+    power_draw_w: float | None = None
+    compute_capability: tuple[int, int] | None = None
+    driver_version: str | None = None
+
+    @property
+    def memory_free_mib(self) -> int:
+        reserved = self.memory_reserved_mib or 0
+        return max(0, self.memory_total_mib - reserved - self.memory_used_mib)
+
+    @property
+    def sm(self) -> str | None:
+        """``SM90``-style architecture name, or None when the capability is unknown."""
+        if self.compute_capability is None:
+            return None
+        major, minor = self.compute_capability
+        return f"SM{major}{minor}"
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process holding memory on a GPU (joined to the GPU by uuid)."""
+
+    pid: int
+    name: str
+    used_memory_mib: int | None
+    gpu_uuid: str
+    gpu_index: int | None = None
+    alive: bool | None = None
+    """False when the pid no longer exists on the host (a zombie context); None when unknown."""
+    cmdline: str | None = None
+
+
+@dataclass(frozen=True)
+class ShmEntry:
+    """One entry in /dev/shm."""
+
+    name: str
+    size_bytes: int
+    owner: str
+    mtime: float
+    in_use: bool | None = None
+    """True when a live process has it open or mapped; None when that could not be determined."""
+
+
+@dataclass(frozen=True)
+class ShmStatus:
+    """/dev/shm's entries and capacity."""
+
+    entries: tuple[ShmEntry, ...]
+    total_bytes: int
+    free_bytes: int
+    can_see_all_processes: bool
+    """True when the probe could read every process's open files (root), so ``in_use`` is reliable."""
+
+
+@dataclass(frozen=True)
+class GpuLink:
+    """How two GPUs are connected, as ``nvidia-smi topo -m`` names it (NV18, PIX, PXB, PHB, NODE, SYS)."""
+
+    gpu_a: int
+    gpu_b: int
+    link: str
+
+    @property
+    def is_nvlink(self) -> bool:
+        return self.link.startswith("NV")
+
+    @property
+    def crosses_numa(self) -> bool:
+        return self.link == "SYS"
+
+
+@dataclass(frozen=True)
+class Topology:
+    """GPU-to-GPU links and each GPU's CPU and NUMA affinity."""
+
+    links: tuple[GpuLink, ...]
+    cpu_affinity: dict[int, str] = field(default_factory=dict)
+    numa_affinity: dict[int, int | None] = field(default_factory=dict)
+
+    def link(self, a: int, b: int) -> str | None:
+        for item in self.links:
+            if {item.gpu_a, item.gpu_b} == {a, b}:
+                return item.link
+        return None
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    """Everything one probe of a host saw.
+
+    A section that could not be measured holds None and its cause in ``errors`` (key ``gpus``,
+    ``shm``, ``topology``, ``vllm``). Use :meth:`require_gpus` rather than ``gpus`` in checks so
+    an unmeasured host errors instead of passing. ``no_gpu_reason`` is set instead of an error
+    when the local machine simply has no NVIDIA GPU and none was asked for.
+    """
+
+    host: str
+    taken_at: float
+    gpu_reader: str  # "nvml", "nvidia-smi" or "none"
+    gpus: tuple[GpuInfo, ...] | None
+    processes: tuple[GpuProcess, ...] = ()
+    shm: ShmStatus | None = None
+    topology: Topology | None = None
+    vllm_version: str | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+    no_gpu_reason: str | None = None
+    probe_duration_s: float = 0.0
+
+    def require_gpus(self) -> tuple[GpuInfo, ...]:
+        """The GPUs, or raise NoGpuError (skip) / ProbeError (error) with the cause."""
+        if self.no_gpu_reason is not None:
+            raise NoGpuError(self.no_gpu_reason)
+        if self.gpus is None:
+            raise ProbeError(f"{self.host}: GPUs could not be read: {self.errors.get('gpus', 'unknown cause')}")
+        return self.gpus
+
+    def require_shm(self) -> ShmStatus:
+        if self.shm is None:
+            raise ProbeError(f"{self.host}: /dev/shm could not be read: {self.errors.get('shm', 'unknown cause')}")
+        return self.shm
+
+    def require_topology(self) -> Topology:
+        self.require_gpus()
+        if self.topology is None:
+            raise ProbeError(
+                f"{self.host}: GPU topology could not be read: {self.errors.get('topology', 'unknown cause')}"
+            )
+        return self.topology
+
+    def gpu(self, index: int) -> GpuInfo:
+        for gpu in self.require_gpus():
+            if gpu.index == index:
+                return gpu
+        present = ", ".join(str(g.index) for g in self.require_gpus()) or "none"
+        raise ProbeError(f"{self.host}: there is no GPU {index} (GPUs present: {present})")
+
+    def processes_on(self, index: int) -> tuple[GpuProcess, ...]:
+        return tuple(p for p in self.processes if p.gpu_index == index)
