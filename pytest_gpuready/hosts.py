@@ -30,6 +30,9 @@ _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _IPV6_RE = re.compile(r"^\[([0-9A-Fa-f:.]+)\]$")
 _SSH_OPTION_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*[= ]\S.*$")
+# Options the plugin sets itself: overriding them would break the one multiplexed connection per
+# host, or let ssh wait at a password prompt nobody can answer.
+_MANAGED_SSH_OPTIONS = frozenset({"batchmode", "controlmaster", "controlpath", "controlpersist"})
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,8 @@ def parse_host_spec(spec: str) -> HostSpec:
     expected = "expected 'local', 'host', 'user@host' or 'ssh://user@host:port'"
     if not text:
         raise HostSpecError(f"--gpu-host is empty: {expected}")
+    if re.search(r"[\s\x00-\x1f\x7f]", text):
+        raise HostSpecError(f"--gpu-host {spec!r}: contains whitespace or a control character; {expected}")
     port: int | None = None
     rest = text
     if "://" in text:
@@ -82,11 +87,11 @@ def parse_host_spec(spec: str) -> HostSpec:
     user: str | None = None
     if "@" in rest:
         user, rest = rest.rsplit("@", 1)
-        if not _USER_RE.match(user):
+        if not _USER_RE.fullmatch(user):
             raise HostSpecError(f"--gpu-host {spec!r}: user {user!r} has characters a login name cannot have")
-    ipv6 = _IPV6_RE.match(rest)
+    ipv6 = _IPV6_RE.fullmatch(rest)
     hostname = ipv6.group(1) if ipv6 else rest
-    if not ipv6 and not _HOSTNAME_RE.match(hostname):
+    if not ipv6 and not _HOSTNAME_RE.fullmatch(hostname):
         raise HostSpecError(f"--gpu-host {spec!r}: {hostname!r} is not a host name or address; {expected}")
     return HostSpec("ssh", hostname=hostname, user=user, port=port)
 
@@ -173,12 +178,31 @@ _SSH_FAILURES: tuple[tuple[str, str], ...] = (
     ("name or service not known", "unknown host (name does not resolve)"),
     ("connection timed out", "connection timed out"),
     ("operation timed out", "connection timed out"),
-    ("host key verification failed", "host key verification failed (the host is not in known_hosts or its key changed)"),
+    ("host key verification failed",
+     "host key verification failed (the host is not in known_hosts or its key changed)"),
     ("no route to host", "no route to host"),
     ("network is unreachable", "network is unreachable"),
     ("connection closed by", "connection closed by the remote side"),
     ("connection reset", "connection reset by the remote side"),
 )
+
+
+def _split_ssh_option(option: str) -> tuple[str, str]:
+    match = re.match(r"^([A-Za-z][A-Za-z0-9]*)\s*[= ]\s*(.*)$", option)
+    assert match is not None  # _check_ssh_option ran first
+    return match.group(1), match.group(2).strip()
+
+
+def _check_ssh_option(option: str) -> None:
+    """Reject an ``--ssh-option`` value that is not ``Key=Value`` or that the plugin manages."""
+    if not _SSH_OPTION_RE.match(option) or "\n" in option or "\r" in option:
+        raise HostSpecError(f"--ssh-option {option!r}: expected 'Key=Value', as ssh -o takes it")
+    key, _ = _split_ssh_option(option)
+    if key.lower() in _MANAGED_SSH_OPTIONS:
+        raise HostSpecError(
+            f"--ssh-option {option!r}: {key} is set by pytest-gpuready (BatchMode=yes and one "
+            "multiplexed connection per host) and cannot be overridden"
+        )
 
 
 def explain_ssh_failure(stderr: str) -> str:
@@ -210,8 +234,14 @@ class SSHHost:
 
     def __post_init__(self) -> None:
         for option in self.ssh_options:
-            if not _SSH_OPTION_RE.match(option) or "\n" in option:
-                raise HostSpecError(f"--ssh-option {option!r}: expected 'Key=Value', as ssh -o takes it")
+            _check_ssh_option(option)
+            key, value = _split_ssh_option(option)
+            if key.lower() == "connecttimeout":
+                # ssh keeps the first value it reads and the user's -o options go first, so this
+                # is the timeout ssh applies: the subprocess deadline must follow it.
+                if not value.isdigit() or int(value) < 1:
+                    raise HostSpecError(f"--ssh-option {option!r}: ConnectTimeout takes whole seconds >= 1")
+                self.connect_timeout = float(value)
         if shutil.which(self.ssh_binary) is None:
             raise HostError(f"{self.spec}: the ssh client {self.ssh_binary!r} is not on PATH (install openssh-client)")
 
@@ -223,6 +253,11 @@ class SSHHost:
     def address(self) -> str:
         return self.spec.hostname
 
+    @property
+    def control_dir(self) -> str | None:
+        """The private directory holding the master connection's socket (None until first used)."""
+        return self._control_dir
+
     def _control_path(self) -> str:
         if self._control_dir is None:
             self._control_dir = tempfile.mkdtemp(prefix="gpuready-ssh-")
@@ -230,8 +265,12 @@ class SSHHost:
 
     def ssh_argv(self) -> list[str]:
         """The ssh client's argv up to and including the target (no remote command)."""
-        argv = [
-            self.ssh_binary,
+        # The user's -o options come first: ssh keeps the first value it obtains for each
+        # keyword, so they override the defaults below (except the managed ones, rejected above).
+        argv = [self.ssh_binary]
+        for option in self.ssh_options:
+            argv += ["-o", option]
+        argv += [
             "-o", "BatchMode=yes",
             "-o", f"ConnectTimeout={max(1, round(self.connect_timeout))}",
             "-o", "ControlMaster=auto",
@@ -243,8 +282,6 @@ class SSHHost:
             argv += ["-p", str(self.spec.port)]
         if self.identity_file:
             argv += ["-i", self.identity_file, "-o", "IdentitiesOnly=yes"]
-        for option in self.ssh_options:
-            argv += ["-o", option]
         argv.append(self.spec.target)
         return argv
 
