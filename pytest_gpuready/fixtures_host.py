@@ -1,0 +1,245 @@
+"""Host-level options, fixtures and markers: ``gpu_host``, ``gpu_snapshot``, ``gpus_clean``, ``shm_clean``.
+
+Loaded by :mod:`pytest_gpuready.plugin`. The checks themselves live in
+:mod:`pytest_gpuready.invariants`; this module only resolves settings, owns the session's
+:class:`HostSession`, and turns Verdicts into test outcomes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from pytest_gpuready import settings as s
+from pytest_gpuready.errors import HostSpecError
+from pytest_gpuready.host_session import HOST_SESSION_KEY, HostSession, get_host_session
+from pytest_gpuready.hosts import Host, HostSpec, parse_host_spec
+from pytest_gpuready.invariants import DEFAULT_MAX_USED_MIB, DEFAULT_SHM_MIN_FREE_MIB, check_gpus_clean, check_shm_clean
+from pytest_gpuready.outcomes import checked, expect
+from pytest_gpuready.probe import READERS
+from pytest_gpuready.report import gpu_table, header_lines
+from pytest_gpuready.shm import remove_leftovers
+from pytest_gpuready.snapshot import HostSnapshot
+from pytest_gpuready.verdict import Verdict
+
+
+def _parse_host(text: str) -> HostSpec:
+    try:
+        return parse_host_spec(text)
+    except HostSpecError as exc:
+        raise ValueError(str(exc).split(": ", 1)[-1]) from None
+
+
+def _parse_ssh_options(text: str) -> tuple[str, ...]:
+    options = tuple(line.strip() for line in text.splitlines() if line.strip())
+    for option in options:
+        if "=" not in option or option.startswith("="):
+            raise ValueError(f"{option!r} is not Key=Value, as ssh -o takes it")
+    return options
+
+
+GPU_HOST = s.Setting(
+    "gpu_host", "--gpu-host", "GPUREADY_HOST", "gpu_host",
+    "GPU host to check: local (default), host, user@host or ssh://user@host:port.",
+    _parse_host, None, metavar="HOST",
+)
+GPU_IDS = s.Setting(
+    "gpu_ids", "--gpu-ids", "GPUREADY_GPU_IDS", "gpu_ids",
+    "GPUs to check, by index (default: all).", s.parse_gpu_ids, None, metavar="0,1,2,3",
+)
+GPU_MAX_USED_MIB = s.Setting(
+    "gpu_max_used_mib", "--gpu-max-used-mib", "GPUREADY_GPU_MAX_USED_MIB", "gpu_max_used_mib",
+    f"Memory a GPU may show used and still count as clean (default {DEFAULT_MAX_USED_MIB}).",
+    s.parse_non_negative_int, DEFAULT_MAX_USED_MIB, metavar="MIB",
+)
+GPU_READER = s.Setting(
+    "gpu_reader", "--gpu-reader", "GPUREADY_GPU_READER", "gpu_reader",
+    "How to read local GPUs: auto (NVML, else nvidia-smi), nvml or nvidia-smi. Remote hosts always use nvidia-smi.",
+    s.parse_choice(*READERS), "auto", metavar="READER",
+)
+SSH_IDENTITY = s.Setting(
+    "ssh_identity", "--ssh-identity", "GPUREADY_SSH_IDENTITY", "ssh_identity",
+    "Identity (private key) file for ssh, as ssh -i.", s.parse_optional_str, None, metavar="PATH",
+)
+SSH_OPTIONS: s.Setting[tuple[str, ...]] = s.Setting(
+    "ssh_options", "--ssh-option", "GPUREADY_SSH_OPTIONS", "ssh_options",
+    "Extra ssh option as Key=Value, as ssh -o (repeatable; env/ini: one per line).",
+    _parse_ssh_options, (), metavar="KEY=VALUE", multiple=True,
+)
+SSH_CONNECT_TIMEOUT = s.Setting(
+    "ssh_connect_timeout", "--ssh-connect-timeout", "GPUREADY_SSH_CONNECT_TIMEOUT", "ssh_connect_timeout",
+    "Seconds to wait for an ssh connection (default 10).", s.parse_positive_float, 10.0, metavar="SECONDS",
+)
+SHM_MIN_FREE_MIB = s.Setting(
+    "shm_min_free_mib", "--shm-min-free-mib", "GPUREADY_SHM_MIN_FREE_MIB", "shm_min_free_mib",
+    f"Free space /dev/shm must have (default {DEFAULT_SHM_MIN_FREE_MIB}).",
+    s.parse_non_negative_int, DEFAULT_SHM_MIN_FREE_MIB, metavar="MIB",
+)
+SHM_REMOVE_LEFTOVERS = s.Setting(
+    "shm_remove_leftovers", "--shm-remove-leftovers", "GPUREADY_SHM_REMOVE_LEFTOVERS", "shm_remove_leftovers",
+    "Remove /dev/shm leftovers that no live process holds, and say what was removed (default: remove nothing).",
+    s.parse_bool, False, is_flag=True,
+)
+
+HOST_SETTINGS: tuple[s.Setting[Any], ...] = (
+    GPU_HOST, GPU_IDS, GPU_MAX_USED_MIB, GPU_READER, SSH_IDENTITY, SSH_OPTIONS, SSH_CONNECT_TIMEOUT,
+    SHM_MIN_FREE_MIB, SHM_REMOVE_LEFTOVERS,
+)
+
+MARKERS = (
+    "gpuready: a GPU-readiness preflight check (select the whole preflight with -m gpuready)",
+    "gpus_clean(gpus=None, max_used_mib=64): fail in setup unless the GPUs (by index; default --gpu-ids or all) "
+    "hold no compute process and at most max_used_mib MiB",
+    "shm_clean(min_free_mib=1024): fail in setup if /dev/shm holds vLLM/NCCL/multiprocessing leftovers "
+    "(psm_*, sem.mp-*, nccl-*, *vllm*) or has less than min_free_mib MiB free",
+)
+
+_MARKER_ARGS: dict[str, tuple[str, ...]] = {
+    "gpus_clean": ("gpus", "max_used_mib"),
+    "shm_clean": ("min_free_mib",),
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    s.add_settings(parser, HOST_SETTINGS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    resolved = s.resolve_all(config, HOST_SETTINGS)
+    spec = resolved["gpu_host"]
+    config.stash[HOST_SESSION_KEY] = HostSession(
+        spec=spec if spec is not None else HostSpec("local"),
+        named_explicitly=spec is not None,
+        reader=resolved["gpu_reader"],
+        identity_file=resolved["ssh_identity"],
+        ssh_options=resolved["ssh_options"],
+        connect_timeout=resolved["ssh_connect_timeout"],
+    )
+    if config.stash[HOST_SESSION_KEY].spec.kind == "ssh" and resolved["gpu_reader"] == "nvml":
+        raise pytest.UsageError("--gpu-reader nvml reads this machine only; a remote --gpu-host needs auto or nvidia-smi")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(HOST_SESSION_KEY, None)
+    if session is not None:
+        session.close()
+
+
+def _wants_probe_at_start(config: pytest.Config) -> bool:
+    """Probe for the header only when the user aims at GPUs: a named host or the built-in preflight."""
+    if config.option.collectonly:
+        return False
+    session = get_host_session(config)
+    return session.named_explicitly or any("pytest_gpuready" in str(arg) for arg in config.args)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    session = get_host_session(config)
+    if not _wants_probe_at_start(config):
+        return [f"gpuready: host {session.spec} (probed when a check first asks)"]
+    try:
+        return header_lines(session.snapshot())
+    except Exception as exc:  # the header must never abort the session; the checks report the error
+        return [f"gpuready: host {session.spec}: {exc}"]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    session = config.stash.get(HOST_SESSION_KEY, None)
+    latest = session.latest if session is not None else None
+    if latest is None or not latest.gpus:
+        return
+    terminalreporter.write_sep("=", f"gpuready: GPUs on {latest.host} (last snapshot)")
+    for line in gpu_table(latest):
+        terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def gpu_host(pytestconfig: pytest.Config) -> Host:
+    """The connected GPU host of this session (``--gpu-host``; default the local machine)."""
+    return checked(lambda: get_host_session(pytestconfig).host)
+
+
+@pytest.fixture
+def gpu_snapshot(pytestconfig: pytest.Config) -> HostSnapshot:
+    """What the host looks like now: GPUs, processes, /dev/shm, topology, vLLM version.
+
+    Taken once and reused until something marks it stale (the vLLM server fixtures do).
+    """
+    return checked(get_host_session(pytestconfig).snapshot)
+
+
+def _gpus_clean(request: pytest.FixtureRequest, gpus: Sequence[int] | None, max_used_mib: int | None) -> Verdict:
+    __tracebackhide__ = True
+    config = request.config
+    verdict = checked(lambda: check_gpus_clean(
+        get_host_session(config).snapshot(),
+        gpus=gpus if gpus is not None else GPU_IDS.get(config),
+        max_used_mib=max_used_mib if max_used_mib is not None else GPU_MAX_USED_MIB.get(config),
+    ))
+    return expect(verdict, request.node, "gpus_clean")
+
+
+def _shm_clean(request: pytest.FixtureRequest, min_free_mib: int | None) -> Verdict:
+    __tracebackhide__ = True
+    config = request.config
+    session = get_host_session(config)
+    minimum = min_free_mib if min_free_mib is not None else SHM_MIN_FREE_MIB.get(config)
+    verdict = checked(lambda: check_shm_clean(session.snapshot(), min_free_mib=minimum))
+    if not verdict.ok and SHM_REMOVE_LEFTOVERS.get(config):
+        removed = checked(lambda: remove_leftovers(session.host, session.snapshot().require_shm()))
+        if removed:
+            request.node.user_properties.append(("gpuready.shm_removed", " ".join(removed)))
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(f"\ngpuready: removed from /dev/shm on {session.host.name}: {', '.join(removed)}")
+        verdict = checked(lambda: check_shm_clean(session.snapshot(refresh=True), min_free_mib=minimum))
+    return expect(verdict, request.node, "shm_clean")
+
+
+@pytest.fixture
+def gpus_clean(request: pytest.FixtureRequest) -> Verdict:
+    """Fail in setup unless the selected GPUs (``--gpu-ids``, default all) are clean; returns the Verdict."""
+    __tracebackhide__ = True
+    return _gpus_clean(request, None, None)
+
+
+@pytest.fixture
+def shm_clean(request: pytest.FixtureRequest) -> Verdict:
+    """Fail in setup if /dev/shm holds leftovers or too little free space; returns the Verdict."""
+    __tracebackhide__ = True
+    return _shm_clean(request, None)
+
+
+def _marker_kwargs(marker: pytest.Mark) -> dict[str, Any]:
+    __tracebackhide__ = True
+    allowed = _MARKER_ARGS[marker.name]
+    unknown = sorted(set(marker.kwargs) - set(allowed))
+    if marker.args or unknown:
+        given = unknown or [repr(a) for a in marker.args]
+        pytest.fail(
+            f"@pytest.mark.{marker.name}: unexpected argument {', '.join(given)}; "
+            f"expected keyword arguments {', '.join(a + '=' for a in allowed)}",
+            pytrace=False,
+        )
+    return dict(marker.kwargs)
+
+
+@pytest.fixture(autouse=True)
+def _gpuready_host_markers(request: pytest.FixtureRequest) -> None:
+    """Apply ``gpus_clean`` / ``shm_clean`` markers in setup (nothing is probed for unmarked tests)."""
+    __tracebackhide__ = True
+    marker = request.node.get_closest_marker("gpus_clean")
+    if marker is not None:
+        kwargs = _marker_kwargs(marker)
+        gpus = kwargs.get("gpus")
+        if gpus is not None and not (isinstance(gpus, (list, tuple)) and all(isinstance(g, int) for g in gpus)):
+            pytest.fail(f"@pytest.mark.gpus_clean: gpus={gpus!r}; expected a list of GPU indexes like [0, 1]",
+                        pytrace=False)
+        _gpus_clean(request, gpus, kwargs.get("max_used_mib"))
+    marker = request.node.get_closest_marker("shm_clean")
+    if marker is not None:
+        _shm_clean(request, _marker_kwargs(marker).get("min_free_mib"))
