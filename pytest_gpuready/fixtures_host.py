@@ -120,7 +120,9 @@ def pytest_configure(config: pytest.Config) -> None:
         connect_timeout=resolved["ssh_connect_timeout"],
     )
     if config.stash[HOST_SESSION_KEY].spec.kind == "ssh" and resolved["gpu_reader"] == "nvml":
-        raise pytest.UsageError("--gpu-reader nvml reads this machine only; a remote --gpu-host needs auto or nvidia-smi")
+        raise pytest.UsageError(
+            "--gpu-reader nvml reads this machine only; a remote --gpu-host needs auto or nvidia-smi"
+        )
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
