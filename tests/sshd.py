@@ -8,10 +8,11 @@ is how tests and the benchmark count the ssh connections a run opened: sshd writ
 ``Accepted publickey`` line per authenticated connection, however many sessions are multiplexed
 over it.
 
-The remote environment carries ``PATH`` with the labelled stand-in ``nvidia-smi``
-(``tests/standin/``) first, and ``GPUREADY_STANDIN_SCENARIO_FILE`` naming a file whose content
-is the stand-in's scenario directory, so a test switches scenario by rewriting that file
-(:meth:`LoopbackSshd.use_scenario`) instead of restarting sshd.
+The remote environment is hermetic: ``HOME`` is an empty directory of its own, so the login
+shell reads no profile of the machine's user and ``PATH`` stays as configured, with the labelled
+stand-in ``nvidia-smi`` (``tests/standin/bin/``) first. ``GPUREADY_STANDIN_SCENARIO_FILE`` names
+a file whose first line is the stand-in's scenario directory, so a test switches scenario by
+rewriting that file (:meth:`LoopbackSshd.use_scenario`) instead of restarting sshd.
 
 Readiness is the TCP port answering, polled; there are no fixed sleeps.
 """
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TESTS_DIR = Path(__file__).resolve().parent
-STANDIN_DIR = TESTS_DIR / "standin"
+STANDIN_BIN = TESTS_DIR / "standin" / "bin"
+STANDIN_SCENARIOS = TESTS_DIR / "standin" / "scenarios"
 SCENARIO_FILE_ENV = "GPUREADY_STANDIN_SCENARIO_FILE"
 _SSHD_CANDIDATES = ("/usr/sbin/sshd", "/usr/local/sbin/sshd")
 _PRIVSEP_DIR = Path("/run/sshd")
@@ -125,31 +127,48 @@ class LoopbackSshd:
             args += ["--ssh-option", option]
         return args
 
-    def ssh_argv(self) -> list[str]:
-        """A plain ``ssh`` argv up to the target: a fresh connection each time, no multiplexing."""
+    def ssh_argv(self, port: int | None = None, extra_options: tuple[str, ...] = ()) -> list[str]:
+        """A plain ``ssh`` argv up to the target: a fresh connection each time, no multiplexing.
+
+        ``port`` dials another port (a relay in front of this server) instead of sshd's own.
+        """
         argv = ["ssh", "-o", "BatchMode=yes", "-o", "ControlMaster=no", "-o", "ControlPath=none",
-                "-p", str(self.port), "-i", self.identity_file, "-o", "IdentitiesOnly=yes"]
-        for option in self.ssh_options:
+                "-p", str(port or self.port), "-i", self.identity_file, "-o", "IdentitiesOnly=yes"]
+        for option in (*self.ssh_options, *extra_options):
             argv += ["-o", option]
         return [*argv, f"{self.user}@127.0.0.1"]
 
     def scenario(self) -> str:
         """The stand-in scenario directory the remote ``nvidia-smi`` replays now ('' if none)."""
-        return _read(Path(self.scenario_file)).strip()
+        lines = _read(Path(self.scenario_file)).splitlines()
+        return lines[0].strip() if lines else ""
 
     @contextlib.contextmanager
     def use_scenario(self, scenario_dir: str | os.PathLike[str]) -> Iterator[None]:
-        """Point the remote stand-in ``nvidia-smi`` at ``scenario_dir`` for the ``with`` block."""
+        """Point the remote stand-in ``nvidia-smi`` at ``scenario_dir`` for the ``with`` block.
+
+        A bare name is taken from ``tests/standin/scenarios/``. Without a scenario file the
+        stand-in exits 2 saying it has no scenario, so nothing is replayed by accident.
+        """
+        path = Path(scenario_dir)
+        if not path.is_absolute() and not path.exists():
+            path = STANDIN_SCENARIOS / path
+        if not path.is_dir():
+            raise FileNotFoundError(f"stand-in scenario {os.fspath(scenario_dir)!r}: no such directory")
+        pointer = Path(self.scenario_file)
         previous = self.scenario()
-        Path(self.scenario_file).write_text(f"{os.fspath(scenario_dir)}\n")
+        pointer.write_text(f"{path}\n")
         try:
             yield
         finally:
-            Path(self.scenario_file).write_text(f"{previous}\n" if previous else "")
+            if previous:
+                pointer.write_text(f"{previous}\n")
+            else:
+                pointer.unlink(missing_ok=True)
 
 
-def _sshd_config(workdir: Path, port: int, host_key: Path, authorized_keys: Path,
-                 remote_path: str, scenario_file: Path) -> str:
+def _sshd_config(port: int, host_key: Path, authorized_keys: Path, remote_path: str,
+                 remote_home: Path, scenario_file: Path) -> str:
     return "\n".join([
         f"Port {port}",
         "ListenAddress 127.0.0.1",
@@ -165,7 +184,7 @@ def _sshd_config(workdir: Path, port: int, host_key: Path, authorized_keys: Path
         "LogLevel INFO",
         "MaxStartups 100:30:200",
         "MaxSessions 100",
-        f"SetEnv PATH={remote_path} {SCENARIO_FILE_ENV}={scenario_file}",
+        f"SetEnv PATH={remote_path} HOME={remote_home} {SCENARIO_FILE_ENV}={scenario_file}",
         "",
     ])
 
@@ -181,7 +200,7 @@ def _ensure_privsep_dir() -> None:
 
 
 @contextlib.contextmanager
-def loopback_sshd(extra_path: tuple[str, ...] = (str(STANDIN_DIR),)) -> Iterator[LoopbackSshd]:
+def loopback_sshd(extra_path: tuple[str, ...] = (str(STANDIN_BIN),)) -> Iterator[LoopbackSshd]:
     """Start sshd on a free loopback port for the ``with`` block; stop it and remove its files after.
 
     ``extra_path`` goes in front of the remote ``PATH`` (by default the stand-in ``nvidia-smi``).
@@ -197,16 +216,17 @@ def loopback_sshd(extra_path: tuple[str, ...] = (str(STANDIN_DIR),)) -> Iterator
         client_key = keygen(workdir / "id_ed25519", "gpuready-loopback-client")
         authorized_keys = workdir / "authorized_keys"
         shutil.copyfile(f"{client_key}.pub", authorized_keys)
-        scenario_file = workdir / "standin-scenario"
-        scenario_file.write_text("")
+        scenario_file = workdir / "standin-scenario"  # written by LoopbackSshd.use_scenario
         remote_path = ":".join([*extra_path, "/usr/local/bin", "/usr/bin", "/bin"])
+        remote_home = workdir / "home"  # an empty HOME: no shell profile rewrites PATH remotely
+        remote_home.mkdir()
         log_path = workdir / "sshd.log"
         config = workdir / "sshd_config"
         host_public_key = " ".join(Path(f"{host_key}.pub").read_text().split()[:2])
         for attempt in range(3):  # another process may take the free port before sshd binds it
             port = free_port()
-            config.write_text(_sshd_config(workdir, port, host_key, authorized_keys,
-                                           remote_path, scenario_file))
+            config.write_text(_sshd_config(port, host_key, authorized_keys, remote_path,
+                                           remote_home, scenario_file))
             check = subprocess.run([sshd, "-t", "-f", str(config)], capture_output=True, text=True)
             if check.returncode != 0:
                 raise RuntimeError(f"sshd rejected its config {config}: {check.stderr.strip()}")
