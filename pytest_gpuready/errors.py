@@ -32,3 +32,11 @@ class NoGpuError(GpuReadyError):
 
 class ConfigError(GpuReadyError, ValueError):
     """A deploy file, model config or option value that is malformed; the message names file, key and expectation."""
+
+
+class GpuReadyWarning(UserWarning):
+    """A check passed, but with a finding the engineer should see (thin headroom, a re-gridded block).
+
+    Shown with :func:`warnings.warn` so it lands in pytest's warnings summary without failing
+    the test; ``-W error::pytest_gpuready.errors.GpuReadyWarning`` turns these into failures.
+    """

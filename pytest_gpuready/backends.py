@@ -1,0 +1,253 @@
+"""vLLM's MLA attention backends as data: which GPU architecture, KV-cache dtype and vLLM version
+each one accepts, and the order vLLM tries them in.
+
+vLLM picks an attention backend at engine start, after the weights are loaded; when none fits
+it raises ``No valid attention backend found ... Reasons: {...}``. Keeping the support matrix
+here, in one place with its sources, lets :func:`pytest_gpuready.model_invariants.check_mla_kv_backend`
+give the same answer in milliseconds, and makes a vLLM upgrade a data change.
+
+Sources (read from the vLLM wheels; see ``shared/reference/vllm-invariants.md`` §2.2-2.3):
+each backend class in ``vllm/v1/attention/backends/mla/*.py`` (``supports_compute_capability``,
+``supported_kv_cache_dtypes``, ``supports_combination``); the priority lists in
+``vllm/platforms/cuda.py`` ``_get_backend_priorities`` (0.17.0:L48-82, 0.33.0:L84-155); the
+reason strings and their order in ``vllm/v1/attention/backend.py`` ``validate_configuration``.
+Versions read: 0.11, 0.13, 0.15, 0.17, 0.18, 0.22, 0.28, 0.33; a rule that changed between two
+of those is dated by the later one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from pytest_gpuready.vllm_version import VllmVersion
+
+Version = tuple[int, int]
+
+KV_CACHE_DTYPES: tuple[str, ...] = (
+    "auto", "bfloat16", "float16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+    "nvfp4", "nvfp4_ds_mla",
+)
+"""Values ``--kv-cache-dtype`` takes (``vllm/config/cache.py`` 0.17.0:L23-31; ``float16`` and the
+nvfp4 names from 0.33.0:L44-67)."""
+
+FP8_KV_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"})
+
+MIN_FP8_CAPABILITY = (8, 9)
+"""``CudaPlatform.supports_fp8()`` is ``has_device_capability(89)`` (``vllm/platforms/cuda.py`` 0.33.0:L587)."""
+
+_COMMON_FP8 = frozenset({"auto", "bfloat16", "fp8", "fp8_e4m3"})
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """A value that holds from vLLM ``since`` on, until the next entry's ``since``."""
+
+    since: Version
+    value: frozenset[str] | None
+    """None: the backend declares no list (every dtype passes the selector)."""
+
+
+@dataclass(frozen=True)
+class MlaBackend:
+    """One MLA backend's static support, as its class in vLLM declares it."""
+
+    name: str
+    majors: frozenset[int] | None
+    """Compute-capability majors it runs on; None for any."""
+    kv_cache_dtypes: tuple[Versioned, ...]
+    sparse: bool = False
+    exists_since: Version = (0, 0)
+    dense_needs_hopper: bool = False
+    """Dense FlashMLA needs capability family 90 (``is_flashmla_dense_supported``)."""
+    qk_nope_head_dims: tuple[tuple[Version, tuple[int, ...]], ...] = ()
+    source: str = ""
+    notes: str = ""
+
+    def kv_dtypes_at(self, version: Version) -> frozenset[str] | None:
+        chosen: frozenset[str] | None = None
+        for entry in self.kv_cache_dtypes:
+            if version >= entry.since:
+                chosen = entry.value
+        return chosen
+
+    def nope_dims_at(self, version: Version) -> tuple[int, ...] | None:
+        chosen: tuple[int, ...] | None = None
+        for since, dims in self.qk_nope_head_dims:
+            if version >= since:
+                chosen = dims
+        return chosen
+
+
+MLA_BACKENDS: dict[str, MlaBackend] = {b.name: b for b in (
+    MlaBackend(
+        "FLASHMLA", frozenset({9, 10}),
+        (Versioned((0, 0), _COMMON_FP8), Versioned((0, 18), _COMMON_FP8 | {"float16"})),
+        dense_needs_hopper=True,
+        source="vllm/v1/attention/backends/mla/flashmla.py; vllm/v1/attention/ops/flashmla.py 0.17.0:L51-60",
+        notes="dense FlashMLA is Hopper-only",
+    ),
+    MlaBackend(
+        "FLASHMLA_SPARSE", frozenset({9, 10}),
+        (Versioned((0, 0), frozenset({"auto", "bfloat16", "fp8_ds_mla"})),
+         Versioned((0, 33), frozenset({"auto", "bfloat16", "fp8_ds_mla", "fp8", "nvfp4_ds_mla"}))),
+        sparse=True,
+        source="vllm/v1/attention/backends/mla/flashmla_sparse.py",
+    ),
+    MlaBackend(
+        "CUTLASS_MLA", frozenset({10}), (Versioned((0, 0), _COMMON_FP8),),
+        source="vllm/v1/attention/backends/mla/cutlass_mla.py",
+    ),
+    MlaBackend(
+        "FLASHINFER_MLA", frozenset({10}), (Versioned((0, 0), _COMMON_FP8),),
+        qk_nope_head_dims=(((0, 0), (128,)), ((0, 18), (64, 128)), ((0, 33), (64, 128, 192))),
+        source="vllm/v1/attention/backends/mla/flashinfer_mla.py",
+    ),
+    MlaBackend(
+        "FLASHINFER_MLA_SPARSE", frozenset({10}),
+        (Versioned((0, 0), frozenset({"auto", "bfloat16"})), Versioned((0, 18), _COMMON_FP8)),
+        sparse=True, exists_since=(0, 17),
+        source="vllm/v1/attention/backends/mla/flashinfer_mla_sparse.py",
+    ),
+    MlaBackend(
+        "TRITON_MLA", None,
+        (Versioned((0, 0), None), Versioned((0, 13), frozenset({"auto"})),
+         Versioned((0, 15), frozenset({"auto", "bfloat16"})),
+         Versioned((0, 18), frozenset({"auto", "float16", "bfloat16", "fp8", "fp8_e4m3"}))),
+        source="vllm/v1/attention/backends/mla/triton_mla.py (0.11.0:L69-70, 0.17.0:L97-99)",
+        notes="portable fallback; before 0.13 it declared no dtypes and raised "
+              "'TritonMLA V1 with FP8 KV cache not yet supported' at init; FP8 KV from 0.18 "
+              "(vllm-project/vllm#35577)",
+    ),
+    MlaBackend(
+        "FLASH_ATTN_MLA", frozenset({9}),
+        (Versioned((0, 0), frozenset({"auto", "bfloat16"})),
+         Versioned((0, 18), frozenset({"auto", "float16", "bfloat16"}))),
+        source="vllm/v1/attention/backends/mla/flashattn_mla.py; needs FA3 (fa_utils.flash_attn_supports_mla)",
+        notes="no FP8 KV cache (vllm-project/vllm#46695)",
+    ),
+    MlaBackend(
+        "FLASH_ATTN_MLA_SPARSE", frozenset({9}), (Versioned((0, 0), frozenset({"auto", "bfloat16"})),),
+        sparse=True, exists_since=(0, 33), source="vllm 0.33.0 backends/mla",
+    ),
+    MlaBackend(
+        "TOKENSPEED_MLA", frozenset({10}), (Versioned((0, 0), frozenset({"fp8", "fp8_e4m3"})),),
+        exists_since=(0, 33), source="vllm 0.33.0 backends/mla (needs the tokenspeed_mla package)",
+    ),
+    MlaBackend(
+        "FLASHINFER_MLA_SPARSE_SM90", frozenset({9}), (Versioned((0, 0), _COMMON_FP8),),
+        sparse=True, exists_since=(0, 33), source="vllm 0.33.0 backends/mla",
+    ),
+    MlaBackend(
+        "FLASHINFER_MLA_SPARSE_SM120", frozenset({12}),
+        (Versioned((0, 0), frozenset({"auto", "fp8", "fp8_e4m3", "fp8_ds_mla"})),),
+        sparse=True, exists_since=(0, 28), source="vllm 0.28.0 / 0.33.0 backends/mla",
+    ),
+)}
+
+
+def mla_priority(capability: tuple[int, int], version: VllmVersion | None) -> list[str]:
+    """The MLA backends vLLM tries, in order, on a GPU of ``capability`` (``_get_backend_priorities``).
+
+    0.15-0.22 have two lists (SM10x, everything else); 0.28 adds an SM12x branch (0.23-0.27
+    were not read and are treated like 0.22); 0.33 adds TOKENSPEED_MLA and Hopper sparse backends.
+    An unknown version gets the newest list.
+    """
+    at = _at(version)
+    major = capability[0]
+    if major == 12 and at >= (0, 28):
+        names = ["TRITON_MLA", "FLASHINFER_MLA_SPARSE_SM120"]
+    elif major == 10:
+        names = ["FLASHINFER_MLA", "CUTLASS_MLA", "TOKENSPEED_MLA", "FLASH_ATTN_MLA", "FLASHMLA",
+                 "TRITON_MLA", "FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE"]
+    else:
+        names = ["FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA", "FLASHMLA_SPARSE",
+                 "FLASH_ATTN_MLA_SPARSE", "FLASHINFER_MLA_SPARSE_SM90"]
+    return [n for n in names if at >= MLA_BACKENDS[n].exists_since]
+
+
+def _at(version: VllmVersion | None) -> Version:
+    if version is None:
+        return (10**6, 0)
+    return (version.major, version.minor)
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """What vLLM's selector would do: the backend chosen, or every rejection with its reasons."""
+
+    tried: tuple[str, ...]
+    reasons: dict[str, list[str]] = field(default_factory=dict)
+    chosen: str | None = None
+
+    def reasons_text(self) -> str:
+        """``{FLASH_ATTN_MLA: [compute capability not supported], ...}`` as vLLM prints it."""
+        return "{" + ", ".join(f"{name}: [{', '.join(why)}]" for name, why in self.reasons.items()) + "}"
+
+
+def backend_reasons(backend: MlaBackend, *, capability: tuple[int, int], kv_cache_dtype: str,
+                    sparse: bool, qk_nope_head_dim: int | None,
+                    version: VllmVersion | None) -> list[str]:
+    """Why ``backend`` rejects this configuration, in ``validate_configuration``'s order and words."""
+    at = _at(version)
+    reasons = []
+    supported = backend.kv_dtypes_at(at)
+    if supported is not None and kv_cache_dtype not in supported:
+        reasons.append("kv_cache_dtype not supported")
+    if sparse != backend.sparse:
+        reasons.append("sparse not supported" if sparse else "non-sparse not supported")
+    if backend.majors is not None and capability[0] not in backend.majors:
+        reasons.append("compute capability not supported")
+    combination = _combination_reason(backend, capability, sparse, qk_nope_head_dim, at)
+    if combination:
+        reasons.append(combination)
+    return reasons
+
+
+def _combination_reason(backend: MlaBackend, capability: tuple[int, int], sparse: bool,
+                        qk_nope_head_dim: int | None, at: Version) -> str | None:
+    if backend.dense_needs_hopper and not sparse and capability[0] != 9:
+        return "FlashMLA Dense is only supported on Hopper devices."
+    dims = backend.nope_dims_at(at)
+    if dims is not None and qk_nope_head_dim is not None and qk_nope_head_dim not in dims:
+        wanted = f"== {dims[0]}" if len(dims) == 1 else f"in {list(dims)}"
+        return f"FlashInfer MLA kernel requires qk_nope_head_dim {wanted}, but got {qk_nope_head_dim}"
+    return None
+
+
+def select_mla_backend(*, capability: tuple[int, int], kv_cache_dtype: str, sparse: bool,
+                       qk_nope_head_dim: int | None, version: VllmVersion | None,
+                       candidates: Sequence[str] | None = None) -> BackendChoice:
+    """Walk the priority list like vLLM's selector: the first backend with no reasons wins."""
+    tried = list(candidates) if candidates is not None else mla_priority(capability, version)
+    reasons: dict[str, list[str]] = {}
+    for name in tried:
+        why = backend_reasons(MLA_BACKENDS[name], capability=capability, kv_cache_dtype=kv_cache_dtype,
+                              sparse=sparse, qk_nope_head_dim=qk_nope_head_dim, version=version)
+        if not why:
+            return BackendChoice(tuple(tried), reasons, name)
+        reasons[name] = why
+    return BackendChoice(tuple(tried), reasons, None)
+
+
+_ARCH_RE = re.compile(r"^(?:sm_?)?(\d+)([a-z]?)$", re.IGNORECASE)
+_DOTTED_RE = re.compile(r"^(\d+)\.(\d+)$")
+
+
+def parse_gpu_arch(text: str) -> tuple[int, int]:
+    """``sm90``, ``SM120``, ``sm_100a``, ``9.0`` or ``12.0`` -> ``(major, minor)``; ValueError otherwise."""
+    value = str(text).strip()
+    dotted = _DOTTED_RE.match(value)
+    if dotted:
+        return int(dotted.group(1)), int(dotted.group(2))
+    match = _ARCH_RE.match(value)
+    if match and value.lower().startswith("sm") and len(match.group(1)) >= 2:
+        digits = match.group(1)
+        return int(digits[:-1]), int(digits[-1])
+    raise ValueError(f"{text!r} is not a GPU architecture; expected sm90, sm100, sm120 or a compute "
+                     "capability like 9.0 or 12.0")
+
+
+def format_arch(capability: tuple[int, int]) -> str:
+    return f"SM{capability[0]}{capability[1]}"

@@ -1,0 +1,442 @@
+"""The deploy file (``--gpuready-config deploy.yaml``): which model, on which GPUs, with which
+TP/EP, KV dtype and serve arguments, and what to expect once it runs.
+
+One file drives the static preflight (this issue) and the launch-and-benchmark tests (which
+read ``serve`` and ``expect``). Typos must not pass silently: an unknown key, a wrong type, a
+TP that does not match the GPU list is a one-line :class:`ConfigError` naming the file, the
+deployment, the key and what was expected, raised at ``pytest_configure`` before any test runs.
+
+Example::
+
+    defaults:
+      vllm_version: "0.17.0"
+    deployments:
+      - name: MiniMax-M2.5-tp4
+        model: models/MiniMax-M2.5       # relative paths are relative to this file
+        gpus: [0, 1, 2, 3]
+        tp: 4
+        gpu_arch: sm120
+        serve: {max_model_len: 196608, gpu_memory_utilization: 0.9}
+        expect:
+          weights_per_gpu_gib: {min: 50, max: 58}
+          throughput:
+            - {concurrency: 1, min_output_tok_s: 80}
+            - {concurrency: 256, min_output_tok_s: 2500}
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pytest_gpuready.backends import KV_CACHE_DTYPES, parse_gpu_arch
+from pytest_gpuready.errors import ConfigError
+from pytest_gpuready.vllm_version import VllmVersion, parse_vllm_version
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_HUMAN_INT_RE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """A throughput threshold for the launch tests: at ``concurrency`` streams, at least
+    ``min_output_tok_s`` output tokens per second (vLLM bench serve's ``output_throughput``)."""
+
+    concurrency: int
+    min_output_tok_s: float
+    input_len: int | None = None
+    output_len: int | None = None
+    num_prompts: int | None = None
+    max_p99_ttft_ms: float | None = None
+    max_p99_tpot_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Expectations:
+    """What the running deployment must show."""
+
+    weights_per_gpu_gib_min: float | None = None
+    weights_per_gpu_gib_max: float | None = None
+    throughput: tuple[Throughput, ...] = ()
+
+    @property
+    def single_stream(self) -> Throughput | None:
+        return next((t for t in self.throughput if t.concurrency == 1), None)
+
+    def at_concurrency(self, concurrency: int) -> Throughput | None:
+        return next((t for t in self.throughput if t.concurrency == concurrency), None)
+
+
+@dataclass(frozen=True)
+class ServeArgs:
+    """Arguments for ``vllm serve`` besides the model, TP/EP and KV dtype."""
+
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    gpu_memory_utilization: float = 0.9
+    extra_args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One named way to serve one model."""
+
+    name: str
+    model: str
+    """The model directory as written in the file."""
+    model_path: str
+    """Where to read it: relative paths resolved against the deploy file's directory."""
+    tp: int
+    gpus: tuple[int, ...] | None = None
+    ep: bool = False
+    kv_cache_dtype: str = "auto"
+    gpu_arch: tuple[int, int] | None = None
+    vllm_version: VllmVersion | None = None
+    serve: ServeArgs = field(default_factory=ServeArgs)
+    expect: Expectations = field(default_factory=Expectations)
+    description: str | None = None
+    source: str = ""
+
+    @property
+    def model_is_relative(self) -> bool:
+        return not os.path.isabs(os.path.expanduser(self.model))
+
+    def vllm_args(self) -> list[str]:
+        """The ``vllm serve`` arguments this deployment implies (model path first)."""
+        args = [self.model_path, "--tensor-parallel-size", str(self.tp)]
+        if self.ep:
+            args.append("--enable-expert-parallel")
+        if self.kv_cache_dtype != "auto":
+            args += ["--kv-cache-dtype", self.kv_cache_dtype]
+        if self.serve.max_model_len is not None:
+            args += ["--max-model-len", str(self.serve.max_model_len)]
+        if self.serve.max_num_seqs is not None:
+            args += ["--max-num-seqs", str(self.serve.max_num_seqs)]
+        args += ["--gpu-memory-utilization", str(self.serve.gpu_memory_utilization)]
+        return args + list(self.serve.extra_args)
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """A parsed deploy file."""
+
+    path: str
+    deployments: tuple[Deployment, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.deployments)
+
+    def get(self, name: str) -> Deployment:
+        for deployment in self.deployments:
+            if deployment.name == name:
+                return deployment
+        raise ConfigError(f"{self.path}: no deployment named {name!r}; the file has "
+                          f"{', '.join(self.names) or 'none'}")
+
+
+# ---------------------------------------------------------------- loading
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        if key in seen:
+            mark = key_node.start_mark
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark)
+        seen.add(key)
+    return loader.construct_mapping(node)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: deploy file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot be read: {exc}") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+
+
+class _Ctx:
+    """Where a value sits, for error messages: file, deployment, key path."""
+
+    def __init__(self, file: str, deployment: str | None = None) -> None:
+        self.file = file
+        self.deployment = deployment
+
+    def error(self, key: str, expected: str, got: Any = None, *, missing: bool = False) -> ConfigError:
+        where = f"{self.file}: deployment {self.deployment!r}: " if self.deployment else f"{self.file}: "
+        if missing:
+            return ConfigError(f"{where}key '{key}' is missing; expected {expected}")
+        return ConfigError(f"{where}key '{key}': expected {expected}, got {got!r}")
+
+    def check_keys(self, section: str, data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+        for key in data:
+            if key not in allowed:
+                close = difflib.get_close_matches(str(key), allowed, n=1)
+                hint = f" (did you mean '{close[0]}'?)" if close else ""
+                where = f"{self.file}: deployment {self.deployment!r}: " if self.deployment else f"{self.file}: "
+                raise ConfigError(f"{where}unknown key '{section}{key}'{hint}; expected one of: "
+                                  f"{', '.join(allowed)}")
+
+    def mapping(self, key: str, value: Any) -> Mapping[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise self.error(key, "a mapping of keys to values", value)
+        return value
+
+    def int(self, key: str, value: Any, minimum: int = 1, human: bool = False) -> int:
+        if isinstance(value, str) and human:
+            parsed = _human_int(value)
+            if parsed is not None and parsed >= minimum:
+                return parsed
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            suffix = " (or like 128k)" if human else ""
+            raise self.error(key, f"a whole number >= {minimum}{suffix}", value)
+        return value
+
+    def number(self, key: str, value: Any, *, above: float = 0.0, at_most: float | None = None) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > above \
+                or (at_most is not None and value > at_most):
+            bound = f" and <= {at_most}" if at_most is not None else ""
+            raise self.error(key, f"a number > {above:g}{bound}", value)
+        return float(value)
+
+    def bool(self, key: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.error(key, "true or false", value)
+        return value
+
+    def str(self, key: str, value: Any) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self.error(key, "a non-empty string", value)
+        return value
+
+
+def _human_int(text: str) -> int | None:
+    """vLLM's ``human_readable_int``: ``128k`` = 128000, ``128K`` = 131072 (k/m/g x1000, K/M/G x1024)."""
+    match = _HUMAN_INT_RE.match(text.strip())
+    if not match:
+        return None
+    number, unit = float(match.group(1)), match.group(2)
+    scale = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}[unit]
+    value = number * scale
+    return int(value) if value == int(value) else None
+
+
+DEPLOYMENT_KEYS = ("name", "description", "model", "gpus", "tp", "ep", "kv_cache_dtype",
+                   "gpu_arch", "vllm_version", "serve", "expect")
+SERVE_KEYS = ("max_model_len", "max_num_seqs", "gpu_memory_utilization", "extra_args", "env")
+EXPECT_KEYS = ("weights_per_gpu_gib", "throughput")
+THROUGHPUT_KEYS = ("concurrency", "min_output_tok_s", "input_len", "output_len", "num_prompts",
+                   "max_p99_ttft_ms", "max_p99_tpot_ms")
+TOP_KEYS = ("defaults", "deployments")
+
+
+def _merge(defaults: Mapping[str, Any], item: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(defaults)
+    for key, value in item.items():
+        if key in ("serve", "expect") and isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def _gpus(ctx: _Ctx, value: Any) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    items: Any = value
+    if isinstance(value, str):
+        items = [part.strip() for part in value.split(",")]
+        if not all(part.isdigit() for part in items):
+            raise ctx.error("gpus", "a list of GPU indexes like [0, 1, 2, 3]", value)
+        items = [int(part) for part in items]
+    if isinstance(value, int) and not isinstance(value, bool):
+        items = [value]
+    if not isinstance(items, list) or not items or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in items):
+        raise ctx.error("gpus", "a list of GPU indexes like [0, 1, 2, 3]", value)
+    if len(set(items)) != len(items):
+        raise ctx.error("gpus", "each GPU index once", value)
+    return tuple(items)
+
+
+def _serve(ctx: _Ctx, raw: Mapping[str, Any]) -> ServeArgs:
+    ctx.check_keys("serve.", raw, SERVE_KEYS)
+    extra = raw.get("extra_args", [])
+    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+        raise ctx.error("serve.extra_args", "a list of strings like ['--trust-remote-code']", extra)
+    env = ctx.mapping("serve.env", raw.get("env"))
+    bad = [k for k, v in env.items() if not isinstance(k, str) or isinstance(v, (dict, list)) or v is None]
+    if bad:
+        raise ctx.error(f"serve.env.{bad[0]}", "a string value", env[bad[0]])
+    util = raw.get("gpu_memory_utilization", 0.9)
+    return ServeArgs(
+        max_model_len=(ctx.int("serve.max_model_len", raw["max_model_len"], human=True)
+                       if raw.get("max_model_len") is not None else None),
+        max_num_seqs=(ctx.int("serve.max_num_seqs", raw["max_num_seqs"])
+                      if raw.get("max_num_seqs") is not None else None),
+        gpu_memory_utilization=ctx.number("serve.gpu_memory_utilization", util, at_most=1.0),
+        extra_args=tuple(extra),
+        env={str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in env.items()},
+    )
+
+
+def _throughput(ctx: _Ctx, index: int, raw: Any) -> Throughput:
+    key = f"expect.throughput[{index}]"
+    if not isinstance(raw, Mapping):
+        raise ctx.error(key, "a mapping like {concurrency: 1, min_output_tok_s: 80}", raw)
+    ctx.check_keys(f"{key}.", raw, THROUGHPUT_KEYS)
+    for required in ("concurrency", "min_output_tok_s"):
+        if raw.get(required) is None:
+            raise ctx.error(f"{key}.{required}", "a number", missing=True)
+
+    def optional_int(name: str) -> int | None:
+        return ctx.int(f"{key}.{name}", raw[name]) if raw.get(name) is not None else None
+
+    def optional_number(name: str) -> float | None:
+        return ctx.number(f"{key}.{name}", raw[name]) if raw.get(name) is not None else None
+
+    return Throughput(
+        concurrency=ctx.int(f"{key}.concurrency", raw["concurrency"]),
+        min_output_tok_s=ctx.number(f"{key}.min_output_tok_s", raw["min_output_tok_s"]),
+        input_len=optional_int("input_len"), output_len=optional_int("output_len"),
+        num_prompts=optional_int("num_prompts"),
+        max_p99_ttft_ms=optional_number("max_p99_ttft_ms"),
+        max_p99_tpot_ms=optional_number("max_p99_tpot_ms"),
+    )
+
+
+def _expect(ctx: _Ctx, raw: Mapping[str, Any]) -> Expectations:
+    ctx.check_keys("expect.", raw, EXPECT_KEYS)
+    low = high = None
+    bounds = raw.get("weights_per_gpu_gib")
+    if bounds is not None:
+        if isinstance(bounds, list) and len(bounds) == 2:
+            bounds = {"min": bounds[0], "max": bounds[1]}
+        if not isinstance(bounds, Mapping) or not bounds or set(bounds) - {"min", "max"}:
+            raise ctx.error("expect.weights_per_gpu_gib", "{min: GiB, max: GiB} or [min, max]", bounds)
+        low = ctx.number("expect.weights_per_gpu_gib.min", bounds["min"]) if "min" in bounds else None
+        high = ctx.number("expect.weights_per_gpu_gib.max", bounds["max"]) if "max" in bounds else None
+        if low is not None and high is not None and low > high:
+            raise ctx.error("expect.weights_per_gpu_gib", "min <= max", bounds)
+    items = raw.get("throughput") or []
+    if not isinstance(items, list):
+        raise ctx.error("expect.throughput", "a list of {concurrency, min_output_tok_s} thresholds", items)
+    throughput = tuple(_throughput(ctx, i, item) for i, item in enumerate(items))
+    seen = [t.concurrency for t in throughput]
+    if len(set(seen)) != len(seen):
+        raise ctx.error("expect.throughput", "one threshold per concurrency", seen)
+    return Expectations(low, high, throughput)
+
+
+def _deployment(file: str, base_dir: Path, position: int, raw: Any,
+                defaults: Mapping[str, Any]) -> Deployment:
+    label = f"#{position}"
+    if isinstance(raw, Mapping) and isinstance(raw.get("name"), str):
+        label = raw["name"]
+    ctx = _Ctx(file, label)
+    if not isinstance(raw, Mapping):
+        raise ctx.error(f"deployments[{position - 1}]", "a mapping with name, model and tp", raw)
+    ctx.check_keys("", raw, DEPLOYMENT_KEYS)
+    data = _merge(defaults, raw)
+    name = data.get("name")
+    if name is None:
+        raise ctx.error("name", "a name like MiniMax-M2.5-tp4", missing=True)
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ctx.error("name", "letters, digits, '.', '_' or '-' (it becomes the test id)", name)
+    if data.get("model") is None:
+        raise ctx.error("model", "the model directory (here, or on the GPU host)", missing=True)
+    model = ctx.str("model", data["model"])
+    expanded = os.path.expanduser(model)
+    model_path = expanded if os.path.isabs(expanded) else str((base_dir / expanded).resolve())
+    gpus = _gpus(ctx, data.get("gpus"))
+    if data.get("tp") is None:
+        if gpus is None:
+            raise ctx.error("tp", "a whole number >= 1 (the tensor-parallel size), or a gpus list",
+                            missing=True)
+        tp = len(gpus)
+    else:
+        tp = ctx.int("tp", data["tp"])
+    if gpus is not None and len(gpus) != tp:
+        raise ctx.error("gpus", f"exactly tp={tp} GPU indexes", list(gpus))
+    kv = data.get("kv_cache_dtype", "auto")
+    if kv not in KV_CACHE_DTYPES:
+        raise ctx.error("kv_cache_dtype", f"one of {', '.join(KV_CACHE_DTYPES)}", kv)
+    arch = None
+    if data.get("gpu_arch") is not None:
+        try:
+            arch = parse_gpu_arch(str(data["gpu_arch"]))
+        except ValueError:
+            raise ctx.error("gpu_arch", "sm90, sm100, sm120 or a compute capability like '12.0'",
+                            data["gpu_arch"]) from None
+    version = None
+    if data.get("vllm_version") is not None:
+        raw_version = data["vllm_version"]
+        if not isinstance(raw_version, str):
+            raise ctx.error("vllm_version", "a quoted version string like \"0.17.0\" (YAML reads "
+                            "an unquoted 0.10 as the number 0.1)", raw_version)
+        try:
+            version = parse_vllm_version(raw_version)
+        except ValueError:
+            raise ctx.error("vllm_version", "a version like \"0.17.0\"", raw_version) from None
+    description = data.get("description")
+    if description is not None and not isinstance(description, str):
+        raise ctx.error("description", "a string", description)
+    return Deployment(
+        name=name, model=model, model_path=model_path, tp=tp, gpus=gpus,
+        ep=ctx.bool("ep", data.get("ep", False)), kv_cache_dtype=kv, gpu_arch=arch,
+        vllm_version=version, serve=_serve(ctx, ctx.mapping("serve", data.get("serve"))),
+        expect=_expect(ctx, ctx.mapping("expect", data.get("expect"))),
+        description=description, source=file,
+    )
+
+
+def load_deploy_config(path: str | os.PathLike[str]) -> DeployConfig:
+    """Parse and validate a deploy file; raise :class:`ConfigError` with a one-line message."""
+    file_path = Path(path)
+    file = str(path)
+    data = _read_yaml(file_path)
+    ctx = _Ctx(file)
+    if not isinstance(data, Mapping):
+        raise ctx.error("deployments", "a mapping with a 'deployments' list at the top", data)
+    ctx.check_keys("", data, TOP_KEYS)
+    defaults = ctx.mapping("defaults", data.get("defaults"))
+    ctx.check_keys("defaults.", defaults, tuple(k for k in DEPLOYMENT_KEYS if k != "name"))
+    items = data.get("deployments")
+    if items is None:
+        raise ctx.error("deployments", "a list of deployments", missing=True)
+    if not isinstance(items, list) or not items:
+        raise ctx.error("deployments", "a non-empty list of deployments", items)
+    base_dir = file_path.resolve().parent
+    deployments = tuple(_deployment(file, base_dir, i + 1, item, defaults) for i, item in enumerate(items))
+    names = [d.name for d in deployments]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"{file}: deployment name {duplicates[0]!r} is used twice; expected unique names")
+    return DeployConfig(file, deployments)

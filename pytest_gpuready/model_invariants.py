@@ -1,0 +1,698 @@
+"""Will this checkpoint load with this TP/EP, KV dtype and GPU, and fit? Pure checks on a ModelSpec.
+
+Each check reproduces a rule vLLM enforces only after minutes of weight loading, and answers in
+milliseconds with a :class:`Verdict` whose failure reads like vLLM's own error plus the layer,
+the sizes and what would work instead. The rules, their vLLM source locations and the versions
+they changed in are in ``shared/reference/vllm-invariants.md``; every verdict names the rule
+set it applied (``vLLM <= 0.28 rules``), and says so when the vLLM version was unknown.
+
+No I/O here: the model comes from :func:`pytest_gpuready.models.inspect_model`, the GPUs from a
+:class:`~pytest_gpuready.snapshot.HostSnapshot`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_gpuready.backends import (
+    FP8_KV_DTYPES,
+    MIN_FP8_CAPABILITY,
+    format_arch,
+    parse_gpu_arch,
+    select_mla_backend,
+)
+from pytest_gpuready.models import ModelSpec
+from pytest_gpuready.snapshot import GpuInfo, HostSnapshot
+from pytest_gpuready.verdict import Verdict
+from pytest_gpuready.vllm_version import (
+    FP8_MOE_REFINEMENT,
+    TRITON_MLA_FP8_KV,
+    RuleBoundary,
+    VllmVersion,
+    coerce_version,
+)
+
+GIB = 1024**3
+MIB = 1024**2
+DEFAULT_RESERVE_GIB = 3.0
+"""Estimated non-KV, non-weight memory per GPU (activation peak of the profile run, CUDA graphs,
+NCCL buffers); vLLM measures it at startup, this check cannot."""
+VOCAB_PADDING = 64
+"""``DEFAULT_VOCAB_PADDING_SIZE`` (``vllm/model_executor/layers/vocab_parallel_embedding.py``)."""
+REFINE_MIN_BLOCK = 32
+KV_BLOCK_SIZE = 16
+MERGED_MISMATCH_ALLOWED = RuleBoundary(0, 15, "merged QKV/gate_up layers may mismatch the FP8 block")
+TP_RULES = "vLLM TP rules (unchanged 0.15-0.33)"
+MEMORY_RULES = "vLLM memory budget rules (unchanged 0.11-0.33)"
+
+
+def _version(vllm_version: VllmVersion | str | None) -> VllmVersion | None:
+    return coerce_version(vllm_version)
+
+
+def _layers_text(layers: Sequence[int]) -> str:
+    if not layers:
+        return "no layers"
+    if len(layers) == 1:
+        return f"layer {layers[0]}"
+    if list(layers) == list(range(layers[0], layers[-1] + 1)):
+        return f"layers {layers[0]}-{layers[-1]}"
+    return f"{len(layers)} layers"
+
+
+# ---------------------------------------------------------------- TP divisibility
+
+def check_tp_divisibility(model: ModelSpec, tp: int, *, ep: bool = False) -> Verdict:
+    """Attention heads, KV heads (replicated when TP > KV heads), vocab, MLP and expert widths.
+
+    Sources: ``ModelConfig.verify_with_parallel_config`` (heads), ``QKVParallelLinear`` (KV
+    heads), ``VocabParallelEmbedding`` (vocab padded to 64), ``divide()`` in the column/row
+    parallel layers, the MoE block's "Tensor parallel size ... is greater than the number of
+    experts" (vllm-invariants.md §1.4).
+    """
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
+    errors: list[str] = []
+    details: list[str] = []
+    warnings: list[str] = []
+    heads = model.num_attention_heads
+    if heads % tp:
+        errors.append(f"Total number of attention heads ({heads}) must be divisible by tensor "
+                      f"parallel size ({tp}).")
+    else:
+        details.append(f"attention heads: {heads} / TP {tp} = {heads // tp} per GPU")
+    kv = model.num_kv_heads
+    if model.is_mla:
+        details.append("KV heads: MLA stores one latent KV head, replicated on every GPU")
+    elif tp >= kv:
+        if tp % kv:
+            errors.append(f"{tp} is not divisible by {kv}: TP={tp} is larger than the {kv} KV "
+                          f"heads, so it must be a multiple of them to replicate each one "
+                          "(QKVParallelLinear)")
+        else:
+            details.append(f"KV heads: {kv} over TP {tp}: one KV head per GPU, each replicated "
+                           f"on {tp // kv} GPUs")
+            if tp > kv:
+                warnings.append(f"TP={tp} is larger than the {kv} KV heads: each KV head is "
+                                f"replicated on {tp // kv} GPUs, so the KV cache per GPU stops "
+                                f"shrinking past TP={kv}")
+    elif kv % tp:
+        errors.append(f"{kv} is not divisible by {tp}: the {kv} KV heads cannot be split over "
+                      f"TP={tp} (QKVParallelLinear)")
+    else:
+        details.append(f"KV heads: {kv} / TP {tp} = {kv // tp} per GPU")
+    padded = math.ceil(model.vocab_size / VOCAB_PADDING) * VOCAB_PADDING
+    if padded % tp:
+        errors.append(f"{padded} is not divisible by {tp}: vocab_size {model.vocab_size} "
+                      f"(padded to a multiple of {VOCAB_PADDING}) cannot be split over TP={tp}")
+    else:
+        details.append(f"vocab: {model.vocab_size} padded to {padded} / TP {tp} = {padded // tp}")
+    widths: list[tuple[str, int | None]] = [
+        ("dense MLP intermediate_size", model.intermediate_size if model.dense_layer_count else None),
+        ("shared-expert width", model.shared_expert_intermediate_size or None),
+        ("attention output (o_proj input)", model.attention_output_size),
+    ]
+    if model.is_moe and not ep:
+        widths.append((f"expert FFN {model.expert_ffn_key}", model.moe_intermediate_size))
+    for label, width in widths:
+        if width and width % tp:
+            errors.append(f"{width} is not divisible by {tp}: {label} {width} cannot be split over "
+                          f"TP={tp}")
+    if model.is_moe and tp > model.num_experts:
+        errors.append(f"Tensor parallel size {tp} is greater than the number of experts "
+                      f"{model.num_experts}.")
+    if ep and not model.is_moe:
+        errors.append("Number of experts in the model must be greater than 0 when expert "
+                      "parallelism is enabled.")
+    evidence = {"tp": tp, "ep": ep, "attention_heads": heads, "kv_heads": kv,
+                "vocab_padded": padded, "mla": model.is_mla}
+    if errors:
+        return Verdict.failed(f"{model.name} cannot be split at TP={tp}: {errors[0]}",
+                              details=tuple(errors[1:] + details), evidence=evidence,
+                              rule_set=TP_RULES)
+    return Verdict.passed(f"{model.name} splits evenly at TP={tp}", details=tuple(details),
+                          evidence=evidence, warnings=tuple(warnings), rule_set=TP_RULES)
+
+
+# ---------------------------------------------------------------- FP8 block alignment
+
+@dataclass(frozen=True)
+class Partition:
+    """One weight the TP split cuts, and whether its shard is a whole number of FP8 blocks."""
+
+    module: str
+    layers: str
+    size: int
+    parts: int
+    per_partition: int | None
+    error: str | None = None
+    warning: str | None = None
+    note: str | None = None
+
+    def line(self, block: tuple[int, int]) -> str:
+        split = (f"{self.size} / {self.parts} = {self.per_partition} per GPU"
+                 if self.per_partition is not None else f"{self.size} over {self.parts}")
+        text = f"{self.module}, {self.layers}: {split}, block {list(block)}"
+        if self.error:
+            return f"{text}: {self.error}"
+        if self.warning:
+            return f"{text}: {self.warning}"
+        if self.note:
+            return f"{text}: {self.note}"
+        return f"{text}: aligned"
+
+
+def _normalise(name: str) -> str:
+    for prefix in ("language_model.", "model.language_model."):
+        if name.startswith(prefix):
+            name = name[len(prefix):]
+    return name
+
+
+def _matches(pattern: str, name: str) -> bool:
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], name) is not None
+    pat = _normalise(pattern)
+    if any(ch in pat for ch in "*?["):
+        return fnmatch.fnmatchcase(name, pat) or fnmatch.fnmatchcase(name, "*." + pat)
+    if "." not in pat:
+        return pat in name.split(".")
+    return name == pat or name.startswith(pat + ".") or name.endswith("." + pat)
+
+
+def quantized_layers(model: ModelSpec, module: str, layers: range) -> list[int]:
+    """Layers in which ``model.layers.N.<module>`` is FP8-quantized (not in the excluded modules)."""
+    patterns = model.quantization.excluded_modules if model.quantization else ()
+    if not patterns:
+        return list(layers)
+    return [i for i in layers
+            if not any(_matches(p, f"model.layers.{i}.{module}") for p in patterns)]
+
+
+def _row(module: str, layers: list[int], size: int, tp: int, block_k: int) -> Partition:
+    label = _layers_text(layers)
+    if tp == 1:
+        return Partition(module, label, size, tp, size, note="not split at TP=1")
+    if size % tp:
+        return Partition(module, label, size, tp, None, error=f"{size} is not divisible by {tp}")
+    per = size // tp
+    if per % block_k:
+        return Partition(module, label, size, tp, per,
+                         error=f"Weight input_size_per_partition = {per} is not divisible by "
+                               f"weight quantization block_k = {block_k}.")
+    return Partition(module, label, size, tp, per)
+
+
+def _column(module: str, layers: list[int], sizes: Sequence[int], tp: int, block_n: int,
+            merged_allowed: bool) -> Partition:
+    label = _layers_text(layers)
+    size = sum(sizes)
+    if tp == 1:
+        return Partition(module, label, size, tp, size, note="not split at TP=1")
+    if any(s % tp for s in sizes):
+        return Partition(module, label, size, tp, None, error=f"{size} is not divisible by {tp}")
+    per_sizes = [s // tp for s in sizes]
+    bad = [p for p in per_sizes if p % block_n]
+    if bad and len(sizes) > 1 and merged_allowed:
+        return Partition(module, label, size, tp, sum(per_sizes),
+                         note="merged layer, allowed to mismatch the block (vLLM >= 0.15)")
+    if bad:
+        return Partition(module, label, size, tp, bad[0] if len(sizes) > 1 else per_sizes[0],
+                         error=f"Weight output_partition_size = {bad[0]} is not divisible by "
+                               f"weight quantization block_n = {block_n}.")
+    return Partition(module, label, size, tp, sum(per_sizes))
+
+
+def _experts(model: ModelSpec, layers: list[int], tp: int, ep: bool, block: tuple[int, int],
+             version: VllmVersion | None) -> Partition:
+    block_n, block_k = block
+    size = model.moe_intermediate_size or 0
+    moe_tp = 1 if ep else tp
+    label = _layers_text(layers)
+    module = f"mlp.experts (routed experts, {model.expert_ffn_key}={size}"
+    module += f", whole on each of {tp} EP ranks)" if ep else ")"
+    if size % moe_tp:
+        return Partition(module, label, size, moe_tp, None,
+                         error=f"{size} is not divisible by the MoE TP size {moe_tp}")
+    ispp = size // moe_tp
+    error = None
+    if ispp % block_n:
+        error = (f"The output_size of gate's and up's weight = {ispp} is not divisible by weight "
+                 f"quantization block_n = {block_n}.")
+    elif tp > 1 and ispp % block_k:
+        error = (f"The input_size of down's weight = {ispp} is not divisible by weight "
+                 f"quantization block_k = {block_k}.")
+    if error is None:
+        return Partition(module, label, size, moe_tp, ispp)
+    native_fp8 = model.quantization is not None and model.quantization.method == "fp8"
+    if native_fp8 and FP8_MOE_REFINEMENT.is_new(version):
+        refine = math.gcd(block_n, block_k, ispp, model.hidden_size)
+        if refine >= REFINE_MIN_BLOCK:
+            return Partition(
+                module, label, size, moe_tp, ispp,
+                warning=(f"FP8 MoE block scales refined from {list(block)} to [{refine}, {refine}] "
+                         f"to fit the TP-sharded intermediate size {ispp}. (vLLM >= 0.29 re-grids "
+                         "the scales at load; only Triton MoE kernels take a refined block)"))
+        error += (f" (the vLLM >= 0.29 re-gridding needs gcd({block_n}, {block_k}, {ispp}, "
+                  f"{model.hidden_size}) = {refine} >= {REFINE_MIN_BLOCK})")
+    return Partition(module, label, size, moe_tp, ispp, error=error)
+
+
+def fp8_partitions(model: ModelSpec, tp: int, ep: bool = False,
+                   vllm_version: VllmVersion | str | None = None) -> list[Partition]:
+    """Every TP-split weight of an FP8 block-quantized model, with its alignment finding."""
+    quant = model.quantization
+    if quant is None or quant.weight_block_size is None:
+        return []
+    version = _version(vllm_version)
+    block = quant.weight_block_size
+    block_n, block_k = block
+    merged_allowed = MERGED_MISMATCH_ALLOWED.is_new(version)
+    all_layers = range(model.num_layers)
+    dense_layers = range(model.dense_layer_count)
+    moe_layers = range(model.dense_layer_count, model.num_layers) if model.is_moe else range(0)
+    parts: list[Partition] = []
+
+    def add_row(module: str, layers: range, size: int) -> None:
+        quantized = quantized_layers(model, module, layers)
+        if quantized:
+            parts.append(_row(module, quantized, size, tp, block_k))
+
+    def add_column(module: str, layers: range, sizes: Sequence[int]) -> None:
+        quantized = quantized_layers(model, module, layers)
+        if quantized:
+            parts.append(_column(module, quantized, sizes, tp, block_n, merged_allowed))
+
+    heads = model.num_attention_heads
+    if model.is_mla:
+        nope, rope, v = model.qk_nope_head_dim or 0, model.qk_rope_head_dim or 0, model.v_head_dim or 0
+        q_module = "self_attn.q_b_proj" if model.q_lora_rank else "self_attn.q_proj"
+        add_column(q_module, all_layers, [heads * (nope + rope)])
+        add_column("self_attn.kv_b_proj", all_layers, [heads * (nope + v)])
+    else:
+        kv_width = model.num_kv_heads * model.head_dim
+        kv_split = max(model.num_kv_heads, tp) * model.head_dim if tp > model.num_kv_heads else kv_width
+        add_column("self_attn.qkv_proj", all_layers, [heads * model.head_dim, kv_split, kv_split])
+    add_row("self_attn.o_proj", all_layers, model.attention_output_size)
+    if model.intermediate_size and dense_layers:
+        add_column("mlp.gate_up_proj", dense_layers, [model.intermediate_size] * 2)
+        add_row("mlp.down_proj", dense_layers, model.intermediate_size)
+    if model.shared_expert_intermediate_size and moe_layers:
+        width = model.shared_expert_intermediate_size
+        add_column("mlp.shared_experts.gate_up_proj", moe_layers, [width] * 2)
+        add_row("mlp.shared_experts.down_proj", moe_layers, width)
+    if model.is_moe:
+        quantized = quantized_layers(model, "mlp.experts", moe_layers)
+        if quantized:
+            parts.append(_experts(model, quantized, tp, ep, block, version))
+    return parts
+
+
+def _fp8_loads(model: ModelSpec, tp: int, ep: bool, version: VllmVersion | None) -> bool:
+    if not check_tp_divisibility(model, tp, ep=ep).ok:
+        return False
+    return not any(p.error for p in fp8_partitions(model, tp, ep, version))
+
+
+def _alternatives(model: ModelSpec, tp: int, ep: bool, version: VllmVersion | None) -> list[str]:
+    options = []
+    smaller = [t for t in (tp // 2 ** i for i in range(1, 8)) if t >= 1]
+    for candidate in smaller:
+        if _fp8_loads(model, candidate, ep, version):
+            options.append(f"TP={candidate}" + (" with --enable-expert-parallel" if ep else ""))
+            break
+    if not ep and model.is_moe and _fp8_loads(model, tp, True, version):
+        options.append(f"TP={tp} with --enable-expert-parallel")
+    if version is not None and not FP8_MOE_REFINEMENT.is_new(version) and _fp8_loads(model, tp, ep, None):
+        options.append(f"TP={tp} on vLLM >= 0.29 (re-grids the MoE block scales)")
+    return options
+
+
+def check_fp8_block_alignment(model: ModelSpec, tp: int, ep: bool = False,
+                              vllm_version: VllmVersion | str | None = None) -> Verdict:
+    """Does every TP shard of an FP8 block-quantized checkpoint hold whole ``[block_n, block_k]`` blocks?
+
+    Row-parallel inputs (``o_proj``, dense and shared-expert ``down_proj``) need
+    ``(size / tp) % block_k == 0``; single column-parallel outputs (MLA ``q_b_proj``,
+    ``kv_b_proj``) ``% block_n``; merged QKV / gate_up may mismatch (vLLM >= 0.15). Routed
+    experts are split by the MoE TP size (1 with ``--enable-expert-parallel``) and must be
+    multiples of both; vLLM >= 0.29 re-grids native-fp8 MoE scales when
+    ``gcd(block_n, block_k, shard, hidden) >= 32``. Sources: ``validate_fp8_block_shape``,
+    ``Fp8MoEMethod.create_weights``, ``refine_fp8_moe_block_shape`` (vllm-invariants.md §1).
+    """
+    version = _version(vllm_version)
+    rule_set = FP8_MOE_REFINEMENT.select(version)
+    quant = model.quantization
+    ep_text = " with --enable-expert-parallel" if ep else ""
+    if quant is None or quant.weight_block_size is None:
+        what = quant.describe() if quant else "not quantized"
+        return Verdict.passed(
+            f"FP8 block alignment does not apply: {model.name} is {what}, not FP8 block-quantized",
+            evidence={"applies": False, "quantization": what}, rule_set=rule_set)
+    block = quant.weight_block_size
+    evidence: dict[str, Any] = {"applies": True, "tp": tp, "ep": ep, "block": list(block),
+                                "quantization": quant.describe()}
+    if ep and not model.is_moe:
+        return Verdict.failed(
+            f"{model.name} does not load with --enable-expert-parallel: Number of experts in the "
+            "model must be greater than 0 when expert parallelism is enabled.",
+            evidence=evidence, rule_set=rule_set)
+    if quant.activation_scheme not in (None, "dynamic"):
+        return Verdict.failed(
+            f"{model.name} does not load: The block-wise quantization only supports dynamic "
+            f"activation scheme for now, but got {quant.activation_scheme} activation scheme.",
+            evidence=evidence, rule_set=rule_set)
+    partitions = fp8_partitions(model, tp, ep, version)
+    if not MERGED_MISMATCH_ALLOWED.is_new(version):
+        rule_set += "; merged layers checked too (no block-mismatch allowance before vLLM 0.15)"
+    evidence["partitions"] = [
+        {"module": p.module, "layers": p.layers, "size": p.size, "parts": p.parts,
+         "per_partition": p.per_partition, "error": p.error, "warning": p.warning}
+        for p in partitions]
+    failing = [p for p in partitions if p.error]
+    lines = tuple(p.line(block) for p in partitions)
+    if failing:
+        first = failing[0]
+        details = [f"layer: {p.line(block)}" for p in failing]
+        options = _alternatives(model, tp, ep, version)
+        if options:
+            details.append("what would work: loads at " + ", or ".join(options))
+        else:
+            details.append("what would work: no TP size up to this one loads this checkpoint "
+                           "on these rules")
+        evidence["alternatives"] = options
+        return Verdict.failed(
+            f"{model.name} does not load at TP={tp}{ep_text}: {first.error}",
+            details=tuple(details), evidence=evidence, rule_set=rule_set)
+    warnings = tuple(f"{model.name} at TP={tp}{ep_text}: {p.warning}" for p in partitions if p.warning)
+    return Verdict.passed(
+        f"{model.name} FP8 blocks {list(block)} align at TP={tp}{ep_text}",
+        details=lines, evidence=evidence, warnings=warnings, rule_set=rule_set)
+
+
+# ---------------------------------------------------------------- KV cache dtype and MLA backend
+
+@dataclass(frozen=True)
+class KvCacheDtype:
+    """The KV-cache dtype vLLM will use, and why."""
+
+    name: str
+    reason: str
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.name in FP8_KV_DTYPES
+
+
+def effective_kv_cache_dtype(model: ModelSpec, kv_cache_dtype: str = "auto",
+                             vllm_version: VllmVersion | str | None = None) -> KvCacheDtype:
+    """``--kv-cache-dtype`` after vLLM's resolution: ``auto`` takes the checkpoint's request
+    (ModelOpt ``kv_cache_scheme`` / ``kv_cache_quant_algo``, compressed-tensors
+    ``kv_cache_scheme``); an explicit value wins, except that compressed-tensors checkpoints force
+    fp8 on GQA attention in vLLM 0.17 (0.33 honours the flag; releases between were not read
+    and are treated like 0.17). Sources: vllm-invariants.md §2.4."""
+    version = _version(vllm_version)
+    quant = model.quantization
+    asked = quant.kv_cache_dtype if quant else None
+    if kv_cache_dtype != "auto":
+        forced = (quant is not None and quant.method == "compressed-tensors" and asked
+                  and not model.is_mla and version is not None and not version.at_least(0, 33))
+        if forced:
+            return KvCacheDtype("fp8", f"forced by {quant.kv_cache_source} on vLLM {version} "
+                                       f"(--kv-cache-dtype {kv_cache_dtype} is ignored before 0.33)")
+        return KvCacheDtype(kv_cache_dtype, f"--kv-cache-dtype {kv_cache_dtype}")
+    if asked and quant is not None:
+        return KvCacheDtype(asked, f"--kv-cache-dtype auto resolves to {asked} from {quant.kv_cache_source}")
+    return KvCacheDtype("auto", f"--kv-cache-dtype auto: the model dtype ({model.torch_dtype})")
+
+
+def _capability(value: tuple[int, int] | str) -> tuple[int, int]:
+    if isinstance(value, str):
+        return parse_gpu_arch(value)
+    return (int(value[0]), int(value[1]))
+
+
+def _selector_config(model: ModelSpec, kv: str) -> str:
+    return (f"AttentionSelectorConfig(head_size={model.mla_head_size}, dtype=torch.{model.torch_dtype}, "
+            f"kv_cache_dtype={kv}, block_size=None, use_mla=True, has_sink=False, "
+            f"use_sparse={model.is_sparse_mla})")
+
+
+def check_mla_kv_backend(model: ModelSpec, compute_capability: tuple[int, int] | str,
+                         kv_cache_dtype: str = "auto",
+                         vllm_version: VllmVersion | str | None = None) -> Verdict:
+    """Is there an MLA attention backend for this GPU, KV-cache dtype and vLLM version?
+
+    Walks vLLM's priority list for the architecture with the effective KV dtype and returns
+    the backend it would pick, or fails with vLLM's ``No valid attention backend found ...
+    Reasons: {...}`` and the settings that would work. Non-MLA models pass ("does not apply").
+    """
+    version = _version(vllm_version)
+    rule_set = TRITON_MLA_FP8_KV.select(version)
+    capability = _capability(compute_capability)
+    arch = format_arch(capability)
+    kv = effective_kv_cache_dtype(model, kv_cache_dtype, version)
+    evidence: dict[str, Any] = {"mla": model.is_mla, "gpu_arch": arch, "kv_cache_dtype": kv.name,
+                                "kv_cache_dtype_reason": kv.reason,
+                                "vllm_version": str(version) if version else None}
+    if not model.is_mla:
+        return Verdict.passed(
+            f"MLA backend check does not apply: {model.name} uses {model.text_model_type} "
+            "attention, not MLA", evidence=evidence, rule_set=rule_set)
+    details = [f"KV-cache dtype: {kv.reason}"]
+    if kv.is_fp8 and capability < MIN_FP8_CAPABILITY:
+        return Verdict.failed(
+            f"{model.name} on {arch}: an FP8 KV cache ({kv.name}) needs compute capability >= 8.9; "
+            f"this GPU is {capability[0]}.{capability[1]}",
+            details=(*details, "what would work: --kv-cache-dtype bfloat16"),
+            evidence=evidence, rule_set=rule_set)
+    choice = select_mla_backend(capability=capability, kv_cache_dtype=kv.name,
+                                sparse=model.is_sparse_mla, qk_nope_head_dim=model.qk_nope_head_dim,
+                                version=version)
+    evidence.update({"backends_tried": list(choice.tried), "reasons": choice.reasons,
+                     "backend": choice.chosen})
+    if choice.chosen is not None:
+        rejected = [f"{name}: {', '.join(why)}" for name, why in choice.reasons.items()]
+        if choice.chosen == "TRITON_MLA" and kv.is_fp8 and version is not None \
+                and not version.at_least(0, 13):
+            return Verdict.failed(
+                f"{model.name} on {arch} with KV cache {kv.name}: vLLM {version} picks TRITON_MLA, "
+                "whose init raises NotImplementedError: TritonMLA V1 with FP8 KV cache not yet supported",
+                details=(*details, *_mla_fixes(model, capability, version)),
+                evidence=evidence, rule_set=rule_set)
+        if rejected:
+            details.append("passed over: " + "; ".join(rejected))
+        return Verdict.passed(
+            f"{model.name} on {arch} with KV cache {kv.name}: vLLM would use {choice.chosen}",
+            details=tuple(details), evidence=evidence, rule_set=rule_set)
+    message = (f"No valid attention backend found for cuda with {_selector_config(model, kv.name)}. "
+               f"Reasons: {choice.reasons_text()}.")
+    return Verdict.failed(
+        f"{model.name} on {arch} with KV cache {kv.name}: {message}",
+        details=(*details, *_mla_fixes(model, capability, version)),
+        evidence=evidence, rule_set=rule_set)
+
+
+def _mla_fixes(model: ModelSpec, capability: tuple[int, int], version: VllmVersion | None) -> list[str]:
+    options = []
+    for dtype in ("bfloat16",):
+        choice = select_mla_backend(capability=capability, kv_cache_dtype=dtype,
+                                    sparse=model.is_sparse_mla, qk_nope_head_dim=model.qk_nope_head_dim,
+                                    version=version)
+        if choice.chosen:
+            options.append(f"--kv-cache-dtype {dtype} ({choice.chosen}; twice the KV memory of fp8)")
+    kv = effective_kv_cache_dtype(model, "auto", version)
+    if version is not None:
+        newest = select_mla_backend(capability=capability, kv_cache_dtype=kv.name,
+                                    sparse=model.is_sparse_mla, qk_nope_head_dim=model.qk_nope_head_dim,
+                                    version=None)
+        if newest.chosen and not TRITON_MLA_FP8_KV.is_new(version):
+            options.append(f"vLLM >= 0.18 ({newest.chosen} supports {kv.name} there)")
+        elif newest.chosen:
+            options.append(f"a newer vLLM ({newest.chosen})")
+    if not options:
+        return ["what would work: no KV-cache dtype or vLLM version has an MLA backend for this GPU"]
+    return ["what would work: " + ", or ".join(options)]
+
+
+# ---------------------------------------------------------------- KV cache size and memory fit
+
+def kv_dtype_bytes(model: ModelSpec, kv_cache_dtype: str) -> int:
+    """Bytes per KV element for a resolved dtype ("auto" = the model dtype)."""
+    name = kv_cache_dtype
+    if name == "auto":
+        name = model.torch_dtype
+    if name in ("bfloat16", "float16", "half", "bf16", "fp16"):
+        return 2
+    if name in ("float32", "float"):
+        return 4
+    if name in FP8_KV_DTYPES:
+        return 1
+    raise ValueError(f"KV-cache dtype {kv_cache_dtype!r}: its size per element is not modelled; "
+                     "expected auto, bfloat16, float16 or an fp8 variant")
+
+
+def kv_cache_bytes_per_token(model: ModelSpec, tp: int, kv_cache_dtype: str = "auto") -> int:
+    """KV-cache bytes one token takes on one GPU, as vLLM sizes pages (vllm-invariants.md §3.1).
+
+    GQA: ``2 x layers x max(1, kv_heads // tp) x head_dim x bytes``. MLA: ``layers x
+    (kv_lora_rank + qk_rope_head_dim) x bytes``, not divided by TP (every rank stores the
+    latent); ``fp8_ds_mla`` pages are 656 bytes per token per layer. ``auto`` resolves through
+    the checkpoint's KV request first (Kimi-K2.5-NVFP4 -> fp8).
+    """
+    if tp < 1:
+        raise ValueError(f"tp must be >= 1, got {tp}")
+    kv = effective_kv_cache_dtype(model, kv_cache_dtype).name
+    layers = model.num_layers
+    if model.is_mla:
+        if kv == "fp8_ds_mla":
+            return layers * 656
+        return layers * (model.mla_head_size or 0) * kv_dtype_bytes(model, kv)
+    heads_per_gpu = max(1, model.num_kv_heads // tp)
+    return 2 * layers * heads_per_gpu * model.head_dim * kv_dtype_bytes(model, kv)
+
+
+def default_max_num_seqs(gpu: GpuInfo) -> int:
+    """vLLM's default ``--max-num-seqs``: 1024 on GPUs with >= 70 GiB that are not A100s, else 256
+    (``EngineArgs.get_batch_defaults``, 0.17.0:L1945-2025)."""
+    if gpu.memory_total_mib >= 70 * 1024 and "A100" not in gpu.name:
+        return 1024
+    return 256
+
+
+def _gib(n_bytes: float) -> str:
+    return f"{n_bytes / GIB:.2f}"
+
+
+def _holders(snapshot: HostSnapshot, index: int) -> str:
+    procs = snapshot.processes_on(index)
+    if not procs:
+        return ""
+    held = ", ".join(f"pid {p.pid} ({p.name}) {p.used_memory_mib} MiB" if p.used_memory_mib is not None
+                     else f"pid {p.pid} ({p.name})" for p in procs)
+    return f"; held by {held}"
+
+
+def check_memory_fit(
+    model: ModelSpec,
+    snapshot: HostSnapshot,
+    tp: int,
+    gpus: Sequence[int] | None = None,
+    gpu_memory_utilization: float = 0.9,
+    max_model_len: int | None = None,
+    max_num_seqs: int | None = None,
+    kv_cache_dtype: str = "auto",
+    *,
+    vllm_version: VllmVersion | str | None = None,
+    reserve_gib: float = DEFAULT_RESERVE_GIB,
+) -> Verdict:
+    """Will the weights and one full-length request's KV cache fit in ``utilization x total``?
+
+    Fails like vLLM's startup when a GPU's free memory is below ``utilization x total`` (``Free
+    memory on device ...``), when nothing is left for the KV cache, or when one request of
+    ``max_model_len`` does not fit (``To serve at least one request ...``). Warns when the KV
+    cache holds fewer than two full-length requests or a GPU has under 1 GiB free above its
+    budget. ``reserve_gib`` estimates what vLLM's profile run measures (activations, CUDA
+    graphs, NCCL); the weights come from the safetensors headers. Sources: vllm-invariants.md §3.
+    """
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    version = _version(vllm_version)
+    present = snapshot.require_gpus()
+    host = snapshot.host
+    if gpus is None:
+        selected = sorted(present, key=lambda g: g.index)[:tp]
+    else:
+        selected = [snapshot.gpu(i) for i in gpus][:tp]
+    evidence: dict[str, Any] = {"host": host, "tp": tp, "gpus": [g.index for g in selected],
+                                "gpu_memory_utilization": gpu_memory_utilization}
+    if len(selected) < tp:
+        have = ", ".join(str(g.index) for g in (present if gpus is None else selected)) or "none"
+        return Verdict.failed(f"TP={tp} needs {tp} GPUs; {host} offers {len(selected)} (GPUs {have})",
+                              evidence=evidence, rule_set=MEMORY_RULES)
+    if model.weights is None:
+        return Verdict.failed(
+            f"cannot check memory fit for {model.name}: no safetensors weights at {model.source} "
+            "(a config-only model); point the model path at the checkpoint",
+            evidence=evidence, rule_set=MEMORY_RULES)
+    kv = effective_kv_cache_dtype(model, kv_cache_dtype, version)
+    weights = model.weights.per_gpu_bytes(tp)
+    reserve = int(reserve_gib * GIB)
+    errors: list[str] = []
+    warnings: list[str] = []
+    budgets = []
+    per_gpu: list[dict[str, Any]] = []
+    for position, gpu in enumerate(selected):
+        total = (gpu.memory_total_mib - (gpu.memory_reserved_mib or 0)) * MIB
+        free = gpu.memory_free_mib * MIB
+        requested = math.ceil(total * gpu_memory_utilization)
+        budgets.append(requested)
+        per_gpu.append({"index": gpu.index, "total_bytes": total, "free_bytes": free,
+                        "requested_bytes": requested})
+        if free < requested:
+            errors.append(
+                f"GPU {gpu.index}: Free memory on device cuda:{position} ({_gib(free)}/{_gib(total)} GiB) "
+                f"on startup is less than desired GPU memory utilization ({gpu_memory_utilization}, "
+                f"{_gib(requested)} GiB). Decrease GPU memory utilization or reduce GPU memory used "
+                f"by other processes.{_holders(snapshot, gpu.index)}")
+        elif free - requested < GIB:
+            warnings.append(f"GPU {gpu.index}: only {(free - requested) // MIB} MiB free above the "
+                            f"{gpu_memory_utilization} budget; a process starting now would break it")
+    evidence["per_gpu"] = per_gpu
+    budget = min(budgets)
+    available = budget - weights - reserve
+    bytes_per_token = kv_cache_bytes_per_token(model, tp, kv.name)
+    length = max_model_len or model.max_position_embeddings
+    seqs = max_num_seqs or default_max_num_seqs(selected[0])
+    evidence.update({"weights_per_gpu_bytes": weights, "reserve_bytes": reserve,
+                     "budget_bytes": budget, "kv_cache_bytes": max(0, available),
+                     "kv_cache_dtype": kv.name, "kv_bytes_per_token": bytes_per_token,
+                     "max_model_len": length, "max_num_seqs": seqs})
+    budget_text = (f"{_gib(weights)} GiB weights + {reserve_gib:g} GiB reserve per GPU of a "
+                   f"{_gib(budget)} GiB budget ({gpu_memory_utilization} x {_gib(budget / gpu_memory_utilization)} GiB)")
+    if errors:
+        return Verdict.failed(f"{model.name} at TP={tp}: {errors[0]}", details=tuple(errors[1:]),
+                              evidence=evidence, rule_set=MEMORY_RULES)
+    if available <= 0:
+        return Verdict.failed(
+            f"{model.name} at TP={tp}: No available memory for the cache blocks: {budget_text}. "
+            "Try increasing `gpu_memory_utilization`, or use more GPUs.",
+            evidence=evidence, rule_set=MEMORY_RULES)
+    tokens = available // bytes_per_token
+    evidence["kv_cache_tokens"] = tokens
+    if length is None:
+        return Verdict.failed(
+            f"{model.name}: max_model_len is not given and the config has no "
+            "max_position_embeddings; pass max_model_len", evidence=evidence, rule_set=MEMORY_RULES)
+    blocks_per_request = math.ceil(length / KV_BLOCK_SIZE)
+    concurrency = (tokens // KV_BLOCK_SIZE) / blocks_per_request
+    evidence["max_concurrency"] = concurrency
+    details = (
+        budget_text,
+        f"KV cache: {_gib(available)} GiB / {bytes_per_token:,} bytes per token ({kv.name}) = "
+        f"{tokens:,} tokens",
+        f"Maximum concurrency for {length:,} tokens per request: {concurrency:.2f}x",
+        f"at max_num_seqs={seqs} running together: {tokens // seqs:,} tokens each",
+        f"KV-cache dtype: {kv.reason}",
+    )
+    if tokens < length:
+        needed = length * bytes_per_token
+        return Verdict.failed(
+            f"{model.name} at TP={tp}: To serve at least one request with the models's max seq len "
+            f"({length}), ({_gib(needed)} GiB KV cache is needed, which is larger than the available "
+            f"KV cache memory ({_gib(available)} GiB). Based on the available memory, the estimated "
+            f"maximum model length is {tokens}. Try increasing `gpu_memory_utilization` or "
+            "decreasing `max_model_len` when initializing the engine.",
+            details=details, evidence=evidence, rule_set=MEMORY_RULES)
+    if concurrency < 2:
+        warnings.append(f"thin headroom: the KV cache holds {concurrency:.2f} requests of "
+                        f"{length:,} tokens")
+    return Verdict.passed(
+        f"{model.name} fits at TP={tp}: {tokens:,} KV tokens, {concurrency:.2f} requests of "
+        f"{length:,} tokens", details=details, evidence=evidence, warnings=tuple(warnings),
+        rule_set=MEMORY_RULES)

@@ -1,0 +1,512 @@
+"""Read safetensors headers (never tensor data) and tell whether a checkpoint is complete.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header naming every tensor's
+dtype, shape and byte range, then the data. The header alone gives the weight bytes per dtype,
+the parameter count and the file size the data needs, so a 540 GB checkpoint is sized and
+checked for truncated downloads by reading a few megabytes.
+
+Reading is split from analysis: :func:`read_raw_directory` (here) and the script that
+:func:`read_raw_directory_remote` sends through :meth:`Host.run` (one round trip for the whole
+directory, config files included) both produce a :class:`RawDirectory`; :func:`analyse_directory`
+turns either into a :class:`ModelFiles`, so local and remote inspection share one parser and
+report the same problems in the same words.
+
+Header-only reading is done here by hand rather than with ``safetensors.safe_open`` so that the
+remote side needs nothing but ``python3``; the tests check our reading against safe_open's.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shlex
+import struct
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from pytest_gpuready.errors import HostError, ProbeError
+from pytest_gpuready.hosts import Host
+
+MAX_HEADER_BYTES = 100_000_000
+"""safetensors refuses larger headers (its ``HeaderTooLarge`` error)."""
+
+INDEX_NAME = "model.safetensors.index.json"
+INDEX_SUFFIX = ".safetensors.index.json"
+SIDE_FILES = ("config.json", "hf_quant_config.json")
+"""Small files read in the same pass as the headers, so remote inspection is one round trip."""
+
+DTYPE_BITS: Mapping[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+"""Element widths of the safetensors dtypes (``safetensors/src/tensor.rs`` ``Dtype::bitsize``)."""
+
+_REMOTE_MARKER = "GPUREADY-MODELDIR-1:"
+_MAX_PROBLEMS_PER_SHARD = 3
+
+
+class TensorInfo(NamedTuple):
+    """One tensor's entry in a header."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.end - self.begin
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for dim in self.shape:
+            count *= dim
+        return count
+
+
+@dataclass(frozen=True)
+class RawShard:
+    """What was read from one shard: its size and the header bytes, or why they are absent."""
+
+    name: str
+    file_size: int | None
+    """None when the file does not exist."""
+    header_len: int | None = None
+    """None when the file is shorter than the 8-byte length prefix."""
+    header: bytes | None = None
+    """None when the length prefix points past the end of the file or over the safetensors limit."""
+    error: str | None = None
+    """An I/O error (permission denied) that kept the shard from being read."""
+
+
+@dataclass(frozen=True)
+class RawDirectory:
+    """A model directory as read, locally or by the remote script: nothing interpreted yet."""
+
+    path: str
+    is_directory: bool
+    side_files: Mapping[str, str | None] = field(default_factory=dict)
+    """Text of each of :data:`SIDE_FILES`; None when the file is absent."""
+    index_name: str | None = None
+    index_text: str | None = None
+    listed_safetensors: tuple[str, ...] = ()
+    """Every ``*.safetensors`` in the directory."""
+    shards: tuple[RawShard, ...] = ()
+    errors: Mapping[str, str] = field(default_factory=dict)
+    """File name -> I/O error for side files or the index that exist but could not be read."""
+
+
+@dataclass(frozen=True)
+class ShardHeader:
+    """A parsed, validated header of one shard."""
+
+    name: str
+    file_size: int
+    header_len: int
+    data_size: int
+    tensors: Mapping[str, TensorInfo]
+    metadata: Mapping[str, str]
+
+    @property
+    def expected_file_size(self) -> int:
+        return 8 + self.header_len + self.data_size
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """A model directory's side files and weights, with every completeness problem found."""
+
+    path: str
+    side_files: Mapping[str, str | None]
+    index_name: str | None
+    shard_names: tuple[str, ...]
+    """The shards the checkpoint consists of (from the index, else the directory listing)."""
+    shards: tuple[ShardHeader, ...]
+    """The shards whose headers parsed."""
+    problems: tuple[str, ...]
+    index_total_size: int | None = None
+    is_directory: bool = True
+
+    @property
+    def has_weights(self) -> bool:
+        return bool(self.shard_names)
+
+    @property
+    def tensor_count(self) -> int:
+        return sum(len(shard.tensors) for shard in self.shards)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(shard.data_size for shard in self.shards)
+
+    @property
+    def file_bytes(self) -> int:
+        return sum(shard.file_size for shard in self.shards)
+
+    def bytes_by_dtype(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for _, info in self.iter_tensors():
+            totals[info.dtype] = totals.get(info.dtype, 0) + info.nbytes
+        return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+    def parameter_count(self) -> int:
+        """Stored elements over all tensors (a packed 4-bit ``U8`` weight counts its bytes)."""
+        return sum(info.numel for _, info in self.iter_tensors())
+
+    def iter_tensors(self) -> Iterable[tuple[str, TensorInfo]]:
+        for shard in self.shards:
+            yield from shard.tensors.items()
+
+
+class _ShardProblem(Exception):
+    """A shard that cannot be used; the message names the file and the cause."""
+
+
+def _fail(name: str, text: str) -> _ShardProblem:
+    return _ShardProblem(f"{name}: {text}")
+
+
+def parse_shard(raw: RawShard) -> tuple[ShardHeader | None, list[str]]:
+    """Validate one shard's header and size; return the header (if usable) and its problems."""
+    try:
+        return _parse_shard(raw)
+    except _ShardProblem as exc:
+        return None, [str(exc)]
+
+
+def _parse_shard(raw: RawShard) -> tuple[ShardHeader, list[str]]:
+    name = raw.name
+    if raw.error is not None:
+        raise _fail(name, f"cannot be read: {raw.error}")
+    if raw.file_size is None:
+        raise _fail(name, "missing")
+    if raw.header_len is None:
+        raise _fail(name, f"only {raw.file_size} bytes, too short for a safetensors header "
+                          "(truncated download?)")
+    if raw.header_len > MAX_HEADER_BYTES:
+        raise _fail(name, f"header length {raw.header_len} exceeds the safetensors limit of "
+                          f"{MAX_HEADER_BYTES} bytes (not a safetensors file, or corrupt)")
+    if 8 + raw.header_len > raw.file_size:
+        raise _fail(name, f"header length {raw.header_len} is larger than the file "
+                          f"({raw.file_size} bytes): truncated download or not a safetensors file")
+    if raw.header is None:
+        raise _fail(name, "header was not read")
+    try:
+        header = json.loads(raw.header)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _fail(name, f"header is not valid JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise _fail(name, f"header is a JSON {type(header).__name__}, expected an object")
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise _fail(name, "header __metadata__ is not an object of strings")
+    tensors: dict[str, TensorInfo] = {}
+    problems: list[str] = []
+    data_size = 0
+    for tensor_name, entry in header.items():
+        try:
+            info = _tensor_info(entry)
+        except ValueError as exc:
+            problems.append(f"{name}: tensor {tensor_name!r}: {exc}")
+            if len(problems) >= _MAX_PROBLEMS_PER_SHARD:
+                problems.append(f"{name}: further tensor problems not listed")
+                break
+            continue
+        tensors[tensor_name] = info
+        data_size = max(data_size, info.end)
+    expected = 8 + raw.header_len + data_size
+    if raw.file_size < expected:
+        problems.append(
+            f"{name}: file is {raw.file_size} bytes but its header describes {expected} "
+            f"(8 + {raw.header_len} header + {data_size} data): truncated download, "
+            f"{expected - raw.file_size} bytes missing")
+    elif raw.file_size > expected:
+        problems.append(
+            f"{name}: file is {raw.file_size} bytes but its header describes {expected} "
+            f"(8 + {raw.header_len} header + {data_size} data): "
+            f"{raw.file_size - expected} unexpected trailing bytes")
+    shard = ShardHeader(name, raw.file_size, raw.header_len, data_size, tensors,
+                        {str(k): str(v) for k, v in metadata.items()})
+    return shard, problems
+
+
+def _tensor_info(entry: object) -> TensorInfo:
+    if not isinstance(entry, dict):
+        raise ValueError("entry is not an object with dtype, shape and data_offsets")
+    dtype = entry.get("dtype")
+    shape = entry.get("shape")
+    offsets = entry.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
+        raise ValueError(f"unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ValueError(f"shape {shape!r} is not a list of sizes")
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(isinstance(o, int) for o in offsets) or not 0 <= offsets[0] <= offsets[1]):
+        raise ValueError(f"data_offsets {offsets!r} is not [begin, end]")
+    info = TensorInfo(dtype, tuple(shape), offsets[0], offsets[1])
+    bits = info.numel * DTYPE_BITS[dtype]
+    needed = (bits + 7) // 8
+    if info.nbytes != needed:
+        raise ValueError(f"data_offsets {offsets} hold {info.nbytes} bytes; "
+                         f"shape {list(shape)} of {dtype} needs {needed}")
+    return info
+
+
+def shard_names_for(index_weight_map: Mapping[str, str] | None, listed: Iterable[str]) -> list[str]:
+    """Which files make up the checkpoint: the index's shards when there is an index (vLLM loads
+    only those), else every ``*.safetensors`` in the directory."""
+    if index_weight_map:
+        return sorted(set(index_weight_map.values()))
+    return sorted(listed)
+
+
+def _parse_index(name: str, text: str) -> tuple[dict[str, str], int | None, list[str]]:
+    try:
+        index = json.loads(text)
+    except json.JSONDecodeError as exc:
+        return {}, None, [f"{name}: not valid JSON ({exc})"]
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
+        return {}, None, [f"{name}: key 'weight_map' is missing or not an object of tensor -> file"]
+    problems = [f"{name}: shard {shard!r} is not a file name in the model directory"
+                for shard in sorted(set(weight_map.values()))
+                if "/" in shard or "\\" in shard or shard in ("", ".", "..")]
+    metadata = index.get("metadata")
+    total = metadata.get("total_size") if isinstance(metadata, dict) else None
+    return dict(weight_map), total if isinstance(total, int) else None, problems
+
+
+def analyse_directory(raw: RawDirectory) -> ModelFiles:
+    """Parse every header read and list every completeness problem, each naming its file."""
+    problems: list[str] = [f"{name}: cannot be read: {error}" for name, error in raw.errors.items()]
+    weight_map: dict[str, str] = {}
+    index_total: int | None = None
+    if raw.index_name is not None and raw.index_text is not None:
+        weight_map, index_total, index_problems = _parse_index(raw.index_name, raw.index_text)
+        problems += index_problems
+    names = shard_names_for(weight_map, raw.listed_safetensors)
+    by_name = {shard.name: shard for shard in raw.shards}
+    shards: list[ShardHeader] = []
+    for name in names:
+        shard_raw = by_name.get(name, RawShard(name, None))
+        header, shard_problems = parse_shard(shard_raw)
+        if shard_raw.file_size is None and shard_raw.error is None and raw.index_name:
+            shard_problems = [f"{name}: missing (named in {raw.index_name})"]
+        problems += shard_problems
+        if header is not None:
+            shards.append(header)
+    if weight_map:
+        problems += _index_consistency(raw.index_name or INDEX_NAME, weight_map, shards)
+    return ModelFiles(raw.path, dict(raw.side_files), raw.index_name, tuple(names), tuple(shards),
+                      tuple(problems), index_total, raw.is_directory)
+
+
+def _index_consistency(index_name: str, weight_map: Mapping[str, str],
+                       shards: Iterable[ShardHeader]) -> list[str]:
+    problems = []
+    for shard in shards:
+        expected = [t for t, s in weight_map.items() if s == shard.name and t not in shard.tensors]
+        if expected:
+            problems.append(f"{shard.name}: {len(expected)} tensor(s) that {index_name} places "
+                            f"here are not in its header (first: {expected[0]!r})")
+    return problems
+
+
+# ---------------------------------------------------------------- local reading
+
+def read_raw_shard(path: Path) -> RawShard:
+    """Read the length prefix and header of one file (at most 8 + header bytes)."""
+    name = path.name
+    try:
+        with path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                return RawShard(name, size)
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
+                return RawShard(name, size, header_len)
+            return RawShard(name, size, header_len, handle.read(header_len))
+    except FileNotFoundError:
+        return RawShard(name, None)
+    except OSError as exc:
+        return RawShard(name, None, error=exc.strerror or str(exc))
+
+
+def _find_index(listing: Iterable[str]) -> str | None:
+    names = sorted(n for n in listing if n.endswith(INDEX_SUFFIX))
+    if INDEX_NAME in names:
+        return INDEX_NAME
+    return names[0] if names else None
+
+
+def read_raw_directory(path: str | os.PathLike[str]) -> RawDirectory:
+    """Read a local model directory's side files, index and every shard header."""
+    directory = Path(path)
+    if not directory.is_dir():
+        return RawDirectory(str(directory), False)
+    try:
+        listing = sorted(entry.name for entry in os.scandir(directory))
+    except OSError as exc:
+        return RawDirectory(str(directory), True, errors={".": exc.strerror or str(exc)})
+    errors: dict[str, str] = {}
+    side: dict[str, str | None] = {}
+    for name in SIDE_FILES:
+        side[name] = None
+        if name in listing:
+            try:
+                side[name] = (directory / name).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as exc:
+                errors[name] = str(exc)
+    index_name = _find_index(listing)
+    index_text = None
+    if index_name is not None:
+        try:
+            index_text = (directory / index_name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            errors[index_name] = str(exc)
+    listed = tuple(n for n in listing if n.endswith(".safetensors"))
+    weight_map: dict[str, str] = {}
+    if index_name is not None and index_text is not None:
+        weight_map, _, _ = _parse_index(index_name, index_text)
+    shards = tuple(read_raw_shard(directory / name)
+                   for name in shard_names_for(weight_map, listed)
+                   if "/" not in name and name not in ("", ".", ".."))
+    return RawDirectory(str(directory), True, side, index_name, index_text, listed, shards, errors)
+
+
+def inspect_files(path: str | os.PathLike[str]) -> ModelFiles:
+    """Read and analyse a local model directory (headers only)."""
+    return analyse_directory(read_raw_directory(path))
+
+
+# ---------------------------------------------------------------- remote reading
+
+_REMOTE_SCRIPT = r'''
+import base64, json, os, struct, sys, zlib
+MAX_HEADER = MAX_HEADER_BYTES_VALUE
+SIDE = SIDE_FILES_VALUE
+path = sys.argv[1]
+out = {"path": path, "is_directory": os.path.isdir(path), "side": {}, "errors": {},
+       "index_name": None, "index_text": None, "listed": [], "shards": []}
+def err(exc):
+    return getattr(exc, "strerror", None) or str(exc)
+def text(name):
+    try:
+        with open(os.path.join(path, name), "rb") as handle:
+            return handle.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        out["errors"][name] = err(exc)
+        return None
+def shard(name):
+    entry = {"name": name, "size": None, "header_len": None, "header": None, "error": None}
+    try:
+        with open(os.path.join(path, name), "rb") as handle:
+            entry["size"] = os.fstat(handle.fileno()).st_size
+            prefix = handle.read(8)
+            if len(prefix) == 8:
+                (length,) = struct.unpack("<Q", prefix)
+                entry["header_len"] = length
+                if length <= MAX_HEADER and 8 + length <= entry["size"]:
+                    raw = handle.read(length)
+                    try:
+                        entry["header"] = raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        entry["header"] = raw.decode("latin-1")
+                        entry["latin1"] = True
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        entry["error"] = err(exc)
+    return entry
+if out["is_directory"]:
+    try:
+        listing = sorted(os.listdir(path))
+    except OSError as exc:
+        listing = []
+        out["errors"]["."] = err(exc)
+    for name in SIDE:
+        out["side"][name] = text(name) if name in listing else None
+    indexes = sorted(n for n in listing if n.endswith(".safetensors.index.json"))
+    if "model.safetensors.index.json" in indexes:
+        out["index_name"] = "model.safetensors.index.json"
+    elif indexes:
+        out["index_name"] = indexes[0]
+    if out["index_name"]:
+        out["index_text"] = text(out["index_name"])
+    out["listed"] = [n for n in listing if n.endswith(".safetensors")]
+    names = out["listed"]
+    try:
+        weight_map = json.loads(out["index_text"] or "null")["weight_map"]
+        names = sorted(set(v for v in weight_map.values() if isinstance(v, str)))
+    except Exception:
+        pass
+    out["shards"] = [shard(n) for n in names if "/" not in n and n not in ("", ".", "..")]
+data = json.dumps(out).encode("utf-8")
+sys.stdout.write("MARKER" + base64.b64encode(zlib.compress(data, 1)).decode("ascii") + "\n")
+'''
+
+
+def remote_script() -> str:
+    """The python3 source that reads a model directory's headers and prints one encoded line."""
+    return (_REMOTE_SCRIPT
+            .replace("MAX_HEADER_BYTES_VALUE", str(MAX_HEADER_BYTES))
+            .replace("SIDE_FILES_VALUE", repr(SIDE_FILES))
+            .replace("MARKER", _REMOTE_MARKER))
+
+
+def remote_command(path: str, python: str = "python3") -> str:
+    """The sh command line: the script comes on stdin, the path as a quoted argument."""
+    return f"{shlex.quote(python)} - {shlex.quote(path)}"
+
+
+def decode_remote_output(host_name: str, stdout: str) -> RawDirectory:
+    """Decode the remote script's line into a :class:`RawDirectory`; anything else is a ProbeError."""
+    line = next((ln for ln in stdout.splitlines() if ln.startswith(_REMOTE_MARKER)), None)
+    if line is None:
+        shown = stdout.strip()[:120] or "nothing"
+        raise ProbeError(f"{host_name}: the model-directory reader printed {shown!r}, not its report")
+    try:
+        payload = json.loads(zlib.decompress(base64.b64decode(line[len(_REMOTE_MARKER):])))
+    except (ValueError, zlib.error) as exc:
+        raise ProbeError(f"{host_name}: the model-directory report is garbled ({exc})") from None
+    try:
+        shards = tuple(
+            RawShard(
+                entry["name"], entry["size"], entry["header_len"],
+                None if entry["header"] is None
+                else entry["header"].encode("latin-1" if entry.get("latin1") else "utf-8"),
+                entry["error"])
+            for entry in payload["shards"])
+        return RawDirectory(
+            payload["path"], payload["is_directory"], payload["side"], payload["index_name"],
+            payload["index_text"], tuple(payload["listed"]), shards, payload["errors"])
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise ProbeError(f"{host_name}: the model-directory report lacks {exc}") from None
+
+
+def read_raw_directory_remote(host: Host, path: str, python: str = "python3",
+                              timeout: float = 120.0) -> RawDirectory:
+    """Read a model directory on ``host`` in one round trip (headers only)."""
+    result = host.run(remote_command(path, python), timeout=timeout,
+                      stdin=remote_script().encode("utf-8"))
+    if result.returncode == 127:
+        raise HostError(f"{host.name}: {python} is not on PATH; it is needed to read model files there")
+    if result.returncode != 0:
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ProbeError(f"{host.name}: reading {path} failed (exit {result.returncode}): {tail}")
+    return decode_remote_output(host.name, result.stdout)
+
+
+def inspect_files_remote(host: Host, path: str, python: str = "python3") -> ModelFiles:
+    """Read and analyse a model directory on ``host`` (headers only, one round trip)."""
+    return analyse_directory(read_raw_directory_remote(host, path, python))
