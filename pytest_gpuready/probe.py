@@ -63,7 +63,7 @@ def build_probe_script(query_gpus_with_nvidia_smi: bool = True) -> str:
             "alive",
             "[ $HAVE_SMI = 1 ] || exit 0; nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null"
             " | while read -r p; do [ -n \"$p\" ] && [ -d \"/proc/$p\" ] && "
-            "printf '%s\\t%s\\n' \"$p\" \"$(tr '\\000' ' ' < /proc/$p/cmdline 2>/dev/null)\"; done; true",
+            "printf '%s\\t%s\\n' \"$p\" \"$(tr '\\000\\n\\t' '   ' < /proc/$p/cmdline 2>/dev/null)\"; done; true",
         ))
     parts.append(_section("topo", "[ $HAVE_SMI = 1 ] || exit 127; nvidia-smi topo -m"))
     parts.append(_section("shm", SHM_LIST_SCRIPT))

@@ -82,6 +82,9 @@ def torch_allocation() -> Iterator[subprocess.Popen[str]]:
     if child.poll() is None:
         child.kill()
     child.wait(timeout=60)
+    for stream in (child.stdin, child.stdout):
+        if stream is not None:
+            stream.close()
 
 
 def test_a_real_allocation_is_found_with_pid_and_mib(torch_allocation: subprocess.Popen[str]) -> None:
