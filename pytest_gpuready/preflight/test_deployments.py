@@ -1,0 +1,106 @@
+"""Deployment preflight: will each deployment of ``--gpuready-config`` load, and fit?
+
+One test per check per deployment, with ids like ``test_fp8_block_alignment[MiniMax-M2.5-tp8]``.
+The static checks (TP divisibility, FP8 block alignment, MLA backend) need only the model's
+config; memory fit needs a GPU snapshot and the weights; file completeness needs the weights.
+Without a deploy file every test skips, saying what to pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_gpuready.deploy_config import Deployment
+from pytest_gpuready.fixtures_model import (
+    NO_DEPLOY_FILE,
+    deploy_config_of,
+    memory_fit_verdict,
+    resolve_gpu_arch,
+    resolve_vllm_version,
+)
+from pytest_gpuready.model_invariants import (
+    GIB,
+    check_fp8_block_alignment,
+    check_mla_kv_backend,
+    check_tp_divisibility,
+)
+from pytest_gpuready.models import ModelSpec
+from pytest_gpuready.outcomes import expect
+from pytest_gpuready.verdict import Verdict
+
+pytestmark = pytest.mark.gpuready
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """One test per deployment in the deploy file (one skipping test when there is none)."""
+    if "deployment" in metafunc.fixturenames:
+        config = deploy_config_of(metafunc.config)
+        names = list(config.names) if config is not None else [NO_DEPLOY_FILE]
+        metafunc.parametrize("deployment", names, indirect=True, ids=names)
+
+
+def test_tp_divisibility(deployment: Deployment, model_spec: ModelSpec, request: pytest.FixtureRequest) -> None:
+    """Attention heads, KV heads, vocab and MLP widths divide by the TP size."""
+    expect(check_tp_divisibility(model_spec, deployment.tp, ep=deployment.ep), request.node,
+           "tp_divisibility")
+
+
+def test_fp8_block_alignment(deployment: Deployment, model_spec: ModelSpec,
+                             request: pytest.FixtureRequest) -> None:
+    """Every TP shard of an FP8 block-quantized checkpoint holds whole weight blocks."""
+    version = resolve_vllm_version(request, deployment)
+    expect(check_fp8_block_alignment(model_spec, deployment.tp, deployment.ep, version), request.node,
+           "fp8_block_alignment")
+
+
+def test_mla_kv_backend(deployment: Deployment, model_spec: ModelSpec, request: pytest.FixtureRequest) -> None:
+    """vLLM has an MLA attention backend for this GPU architecture and KV-cache dtype."""
+    version = resolve_vllm_version(request, deployment)
+    arch = resolve_gpu_arch(request, deployment) if model_spec.is_mla else None
+    expect(check_mla_kv_backend(model_spec, arch, deployment.kv_cache_dtype, version), request.node,
+           "mla_kv_backend")
+
+
+def test_memory_fit(deployment: Deployment, model_spec: ModelSpec, request: pytest.FixtureRequest) -> None:
+    """Weights plus one max_model_len request's KV cache fit in gpu_memory_utilization of each GPU."""
+    serve = deployment.serve
+    verdict = memory_fit_verdict(
+        request, model_spec, tp=deployment.tp, gpus=deployment.gpus,
+        gpu_memory_utilization=serve.gpu_memory_utilization, max_model_len=serve.max_model_len,
+        max_num_seqs=serve.max_num_seqs, kv_cache_dtype=deployment.kv_cache_dtype, deployment=deployment)
+    expect(verdict, request.node, "memory_fit")
+
+
+def test_model_files_complete(deployment: Deployment, model_spec: ModelSpec,
+                              request: pytest.FixtureRequest) -> None:
+    """Every shard the index names exists, its header parses, and its size matches the header."""
+    weights = model_spec.weights
+    if weights is None:
+        pytest.skip(f"{deployment.model}: config only, no safetensors weights to check")
+    summary = (f"{model_spec.name}: {weights.shard_count} shards, {weights.total_bytes / GIB:.1f} GiB, "
+               f"{weights.tensor_count:,} tensors")
+    if weights.problems:
+        verdict = Verdict.failed(f"{summary}: {len(weights.problems)} problem(s) with the files",
+                                 details=weights.problems[:20] + (
+                                     (f"... and {len(weights.problems) - 20} more",)
+                                     if len(weights.problems) > 20 else ()),
+                                 evidence={"problems": list(weights.problems)})
+    else:
+        verdict = Verdict.passed(f"{summary}: complete", evidence={"bytes_by_dtype": dict(weights.bytes_by_dtype)})
+    expect(verdict, request.node, "model_files")
+
+
+def test_weights_footprint_expectation(deployment: Deployment, model_spec: ModelSpec,
+                                       request: pytest.FixtureRequest) -> None:
+    """The checkpoint's share per GPU lies within the deployment's expected footprint bounds."""
+    low, high = deployment.expect.weights_per_gpu_gib_min, deployment.expect.weights_per_gpu_gib_max
+    if low is None and high is None:
+        pytest.skip(f"{deployment.name}: no expect.weights_per_gpu_gib bounds in the deploy file")
+    if model_spec.weights is None:
+        pytest.skip(f"{deployment.model}: config only, no safetensors weights to size")
+    per_gpu = model_spec.weights.per_gpu_bytes(deployment.tp) / GIB
+    bounds = f"[{low if low is not None else '-'}, {high if high is not None else '-'}] GiB"
+    inside = (low is None or per_gpu >= low) and (high is None or per_gpu <= high)
+    verdict = Verdict(inside, f"{model_spec.name} at TP={deployment.tp}: {per_gpu:.1f} GiB of weights "
+                              f"per GPU, expected {bounds}", evidence={"weights_per_gpu_gib": per_gpu})
+    expect(verdict, request.node, "weights_footprint")
