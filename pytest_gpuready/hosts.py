@@ -189,12 +189,16 @@ _SSH_FAILURES: tuple[tuple[str, str], ...] = (
 
 def _split_ssh_option(option: str) -> tuple[str, str]:
     match = re.match(r"^([A-Za-z][A-Za-z0-9]*)\s*[= ]\s*(.*)$", option)
-    assert match is not None  # _check_ssh_option ran first
+    assert match is not None  # validate_ssh_option ran first
     return match.group(1), match.group(2).strip()
 
 
-def _check_ssh_option(option: str) -> None:
-    """Reject an ``--ssh-option`` value that is not ``Key=Value`` or that the plugin manages."""
+def validate_ssh_option(option: str) -> None:
+    """Raise :class:`HostSpecError` for an ``--ssh-option`` value that is not ``Key=Value``, or that
+    sets an option the plugin manages (BatchMode, ControlMaster, ControlPath, ControlPersist).
+
+    Public so option parsing can turn a bad value into a usage error before any test runs.
+    """
     if not _SSH_OPTION_RE.match(option) or "\n" in option or "\r" in option:
         raise HostSpecError(f"--ssh-option {option!r}: expected 'Key=Value', as ssh -o takes it")
     key, _ = _split_ssh_option(option)
@@ -234,7 +238,7 @@ class SSHHost:
 
     def __post_init__(self) -> None:
         for option in self.ssh_options:
-            _check_ssh_option(option)
+            validate_ssh_option(option)
             key, value = _split_ssh_option(option)
             if key.lower() == "connecttimeout":
                 # ssh keeps the first value it reads and the user's -o options go first, so this

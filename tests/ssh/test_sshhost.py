@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pytest_gpuready.errors import HostError, HostSpecError
-from pytest_gpuready.hosts import SSHHost, connect, parse_host_spec
+from pytest_gpuready.hosts import SSHHost, connect, parse_host_spec, validate_ssh_option
 from tests.sshd import LoopbackSshd, keygen
 
 pytestmark = pytest.mark.ssh
@@ -244,6 +244,9 @@ def test_bad_ssh_option_is_rejected_naming_it(option: str, expected: str) -> Non
     with pytest.raises(HostSpecError, match=expected) as excinfo:
         SSHHost(parse_host_spec("root@gpu-box-7"), ssh_options=(option,))
     assert str(excinfo.value).startswith(f"--ssh-option {option!r}: ")
+    if "ConnectTimeout" not in option:  # the timeout's value is read when the host is built
+        with pytest.raises(HostSpecError, match=expected):
+            validate_ssh_option(option)
 
 
 @pytest.mark.parametrize("option", ["Port=2222", "ProxyJump=bastion", "IdentityAgent none",
