@@ -10,7 +10,7 @@ import pytest
 
 Standin = Callable[[str], Path]
 
-PREFLIGHT = ("--pyargs", "pytest_gpuready.preflight", "-k", "not shm")
+PREFLIGHT = ("--pyargs", "pytest_gpuready.preflight.test_host", "-k", "not shm")
 """The host preflight minus its /dev/shm test, whose outcome depends on this machine's real /dev/shm
 (tests/unit/test_shm.py and the shm marker test below cover it with files they create)."""
 
