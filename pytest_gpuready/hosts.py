@@ -176,12 +176,15 @@ _SSH_FAILURES: tuple[tuple[str, str], ...] = (
     ("permission denied", "authentication failed (BatchMode is on: no password prompt; check the key or agent)"),
     ("could not resolve hostname", "unknown host (name does not resolve)"),
     ("name or service not known", "unknown host (name does not resolve)"),
-    ("connection timed out", "connection timed out"),
-    ("operation timed out", "connection timed out"),
+    ("connection timed out", "connection timed out (host down, a firewall dropping packets, or no ssh answer)"),
+    ("operation timed out", "connection timed out (host down, a firewall dropping packets, or no ssh answer)"),
     ("host key verification failed",
      "host key verification failed (the host is not in known_hosts or its key changed)"),
     ("no route to host", "no route to host"),
     ("network is unreachable", "network is unreachable"),
+    ("kex_exchange_identification",
+     "connection closed before the ssh handshake (a ProxyJump/ProxyCommand hop failed, or sshd dropped it:"
+     " MaxStartups, AllowUsers, a firewall)"),
     ("connection closed by", "connection closed by the remote side"),
     ("connection reset", "connection reset by the remote side"),
 )

@@ -208,6 +208,27 @@ def test_changed_host_key_is_verification_failure(loopback_sshd: LoopbackSshd, t
         host.close()
 
 
+def test_proxy_command_through_a_bastion_keeps_one_connection(loopback_sshd: LoopbackSshd) -> None:
+    """A jump host (here the same sshd, as a bastion) is dialled once, for the master connection."""
+    bastion = shlex.join([*loopback_sshd.ssh_argv()[:-1], "-W", "%h:%p", f"{loopback_sshd.user}@127.0.0.1"])
+    host = _host(loopback_sshd, ssh_options=(*loopback_sshd.ssh_options, f"ProxyCommand={bastion}"))
+    before = loopback_sshd.accepted_connections()
+    try:
+        assert [host.run("echo via-bastion").stdout for _ in range(3)] == ["via-bastion\n"] * 3
+        assert loopback_sshd.accepted_connections() - before == 2  # the bastion hop and the target
+    finally:
+        host.close()
+
+
+def test_failed_proxy_hop_is_named(loopback_sshd: LoopbackSshd) -> None:
+    host = _host(loopback_sshd, ssh_options=(*loopback_sshd.ssh_options, "ProxyCommand=false"))
+    try:
+        with pytest.raises(HostError, match=r"connection closed before the ssh handshake \(a ProxyJump/ProxyCommand"):
+            host.run("true")
+    finally:
+        host.close()
+
+
 def test_user_ssh_option_wins_over_the_plugin_default(loopback_sshd: LoopbackSshd) -> None:
     """ssh keeps the first value of a keyword: a user's -o must come before the plugin's defaults."""
     host = _host(loopback_sshd, ssh_options=(*loopback_sshd.ssh_options, "ServerAliveInterval=3"))
