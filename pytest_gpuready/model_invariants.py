@@ -89,7 +89,7 @@ def check_tp_divisibility(model: ModelSpec, tp: int, *, ep: bool = False) -> Ver
     kv = model.num_kv_heads
     if model.is_mla:
         details.append("KV heads: MLA stores one latent KV head, replicated on every GPU")
-    elif tp >= kv:
+    elif tp > kv:
         if tp % kv:
             errors.append(f"{tp} is not divisible by {kv}: TP={tp} is larger than the {kv} KV "
                           f"heads, so it must be a multiple of them to replicate each one "
@@ -97,10 +97,9 @@ def check_tp_divisibility(model: ModelSpec, tp: int, *, ep: bool = False) -> Ver
         else:
             details.append(f"KV heads: {kv} over TP {tp}: one KV head per GPU, each replicated "
                            f"on {tp // kv} GPUs")
-            if tp > kv:
-                warnings.append(f"TP={tp} is larger than the {kv} KV heads: each KV head is "
-                                f"replicated on {tp // kv} GPUs, so the KV cache per GPU stops "
-                                f"shrinking past TP={kv}")
+            warnings.append(f"TP={tp} is larger than the {kv} KV heads: each KV head is "
+                            f"replicated on {tp // kv} GPUs, so the KV cache per GPU stops "
+                            f"shrinking past TP={kv}")
     elif kv % tp:
         errors.append(f"{kv} is not divisible by {tp}: the {kv} KV heads cannot be split over "
                       f"TP={tp} (QKVParallelLinear)")
@@ -372,7 +371,7 @@ def check_fp8_block_alignment(model: ModelSpec, tp: int, ep: bool = False,
         rule_set += "; merged layers checked too (no block-mismatch allowance before vLLM 0.15)"
     evidence["partitions"] = [
         {"module": p.module, "layers": p.layers, "size": p.size, "parts": p.parts,
-         "per_partition": p.per_partition, "error": p.error, "warning": p.warning}
+         "per_partition": p.per_partition, "error": p.error, "warning": p.warning, "note": p.note}
         for p in partitions]
     failing = [p for p in partitions if p.error]
     lines = tuple(p.line(block) for p in partitions)

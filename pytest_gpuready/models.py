@@ -31,7 +31,6 @@ MLA_MODEL_TYPES = frozenset({
 """Text-config model types vLLM runs with MLA when ``kv_lora_rank`` is set
 (``vllm/transformers_utils/model_arch_config_convertor.py`` ``is_deepseek_mla``, 0.17.0:L232-251)."""
 
-_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _REPLICATED_RE = re.compile(
     r"(norm\.|norm$|layernorm|\.gate\.weight$|\.gate\.e_score_correction_bias$|e_score_correction_bias"
     r"|kv_a_proj_with_mqa|q_a_proj)"
@@ -277,18 +276,23 @@ def model_spec_from_config(
         head_dim = hidden // heads
     vocab = keys.req("vocab_size", meaning="tokenizer vocabulary size")
 
-    experts = (keys.int("n_routed_experts") or keys.int("num_local_experts")
-               or keys.int("num_experts") or 0)
+    experts_key = next((k for k in ("n_routed_experts", "num_experts", "num_local_experts")
+                        if keys.int(k)), None)
+    experts = (keys.int(experts_key) or 0) if experts_key else 0
     moe_i = keys.int("moe_intermediate_size", minimum=1)
     dense_i = keys.int("intermediate_size", minimum=1)
     expert_key: str | None = None
     if experts and moe_i is not None:
         expert_key = "moe_intermediate_size"
-    elif experts and dense_i is not None:
+    elif experts and experts_key == "num_local_experts":
         # MiniMax-M2 / Mixtral: every layer is MoE and intermediate_size is the expert width.
+        if dense_i is None:
+            raise ConfigError(f"{source}: the config has {experts} experts (num_local_experts) but "
+                              f"key '{keys.prefix}intermediate_size' is missing; expected the expert "
+                              "FFN width (MiniMax-M2 and Mixtral configs keep it there)")
         moe_i, dense_i, expert_key = dense_i, None, "intermediate_size"
     elif experts:
-        raise ConfigError(f"{source}: the config has {experts} experts but key "
+        raise ConfigError(f"{source}: the config has {experts} experts ({experts_key}) but key "
                           f"'{keys.prefix}moe_intermediate_size' is missing; expected the "
                           "expert FFN width")
     else:
@@ -493,17 +497,31 @@ def _load_json(text: str, file: str) -> Any:
         raise ConfigError(f"{file}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from None
 
 
+def _layer_index(name: str) -> int | None:
+    at = name.find("layers.")
+    if at < 0 or (at > 0 and name[at - 1] != "."):
+        return None
+    start = at + 7
+    stop = name.find(".", start)
+    digits = name[start:stop] if stop > 0 else ""
+    return int(digits) if digits.isdigit() else None
+
+
 def weights_from_files(files: ModelFiles, num_layers: int) -> Weights | None:
-    """Sum the headers into :class:`Weights`; None when the directory has no safetensors."""
+    """Sum the headers into :class:`Weights`; None when the directory has no safetensors.
+
+    Layers past ``num_layers`` (MTP / next-n heads) are counted as unused; norms, routers and MLA
+    down-projections as replicated on every TP rank. One pass over ~100k names, string tests first.
+    """
     if not files.has_weights:
         return None
     replicated = unused = 0
-    for tensor_name, info in files.iter_tensors():
-        layer = _LAYER_RE.search(tensor_name)
-        if layer is not None and int(layer.group(1)) >= num_layers:
-            unused += info.nbytes
-        elif _REPLICATED_RE.search(tensor_name):
-            replicated += info.nbytes
+    for tensor_name, nbytes in files.sizes():
+        layer = _layer_index(tensor_name)
+        if layer is not None and layer >= num_layers:
+            unused += nbytes
+        elif ".experts." not in tensor_name and _REPLICATED_RE.search(tensor_name):
+            replicated += nbytes
     return Weights(
         total_bytes=files.total_bytes,
         bytes_by_dtype=files.bytes_by_dtype(),
@@ -519,6 +537,8 @@ def weights_from_files(files: ModelFiles, num_layers: int) -> Weights | None:
 
 def spec_from_files(files: ModelFiles, where: str) -> ModelSpec:
     """Build the spec from a read model directory (``where`` names it in errors)."""
+    for name, error in files.side_errors.items():
+        raise ConfigError(f"{where}/{name}: cannot be read: {error}")
     config_text = files.side_files.get("config.json")
     if config_text is None:
         raise ConfigError(f"{where}/config.json: missing; expected the model's Hugging Face config")

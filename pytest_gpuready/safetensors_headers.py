@@ -18,15 +18,17 @@ remote side needs nothing but ``python3``; the tests check our reading against s
 from __future__ import annotations
 
 import base64
+import contextlib
+import gc
 import json
 import os
 import shlex
 import struct
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pytest_gpuready.errors import HostError, ProbeError
 from pytest_gpuready.hosts import Host
@@ -106,18 +108,36 @@ class RawDirectory:
 
 @dataclass(frozen=True)
 class ShardHeader:
-    """A parsed, validated header of one shard."""
+    """A parsed, validated header of one shard, with its sums precomputed.
+
+    ``entries`` keeps the header's own (validated) JSON objects rather than one Python object per
+    tensor: a 230B checkpoint has ~100k tensors and inspection must stay well under a second.
+    """
 
     name: str
     file_size: int
     header_len: int
     data_size: int
-    tensors: Mapping[str, TensorInfo]
+    entries: Mapping[str, Mapping[str, Any]]
     metadata: Mapping[str, str]
+    bytes_by_dtype: Mapping[str, int]
+    numel: int
 
     @property
     def expected_file_size(self) -> int:
         return 8 + self.header_len + self.data_size
+
+    @property
+    def tensors(self) -> dict[str, TensorInfo]:
+        """Every tensor as a :class:`TensorInfo` (built on each call; prefer :meth:`sizes`)."""
+        return {name: TensorInfo(e["dtype"], tuple(e["shape"]), *e["data_offsets"])
+                for name, e in self.entries.items()}
+
+    def sizes(self) -> Iterator[tuple[str, int]]:
+        """``(tensor name, bytes)`` for every tensor, without building objects."""
+        for name, entry in self.entries.items():
+            begin, end = entry["data_offsets"]
+            yield name, end - begin
 
 
 @dataclass(frozen=True)
@@ -134,6 +154,8 @@ class ModelFiles:
     problems: tuple[str, ...]
     index_total_size: int | None = None
     is_directory: bool = True
+    side_errors: Mapping[str, str] = field(default_factory=dict)
+    """Side files (config.json, ...) that exist but could not be read, with the cause."""
 
     @property
     def has_weights(self) -> bool:
@@ -141,7 +163,7 @@ class ModelFiles:
 
     @property
     def tensor_count(self) -> int:
-        return sum(len(shard.tensors) for shard in self.shards)
+        return sum(len(shard.entries) for shard in self.shards)
 
     @property
     def total_bytes(self) -> int:
@@ -153,17 +175,19 @@ class ModelFiles:
 
     def bytes_by_dtype(self) -> dict[str, int]:
         totals: dict[str, int] = {}
-        for _, info in self.iter_tensors():
-            totals[info.dtype] = totals.get(info.dtype, 0) + info.nbytes
+        for shard in self.shards:
+            for dtype, size in shard.bytes_by_dtype.items():
+                totals[dtype] = totals.get(dtype, 0) + size
         return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
     def parameter_count(self) -> int:
         """Stored elements over all tensors (a packed 4-bit ``U8`` weight counts its bytes)."""
-        return sum(info.numel for _, info in self.iter_tensors())
+        return sum(shard.numel for shard in self.shards)
 
-    def iter_tensors(self) -> Iterable[tuple[str, TensorInfo]]:
+    def sizes(self) -> Iterator[tuple[str, int]]:
+        """``(tensor name, bytes)`` over every shard."""
         for shard in self.shards:
-            yield from shard.tensors.items()
+            yield from shard.sizes()
 
 
 class _ShardProblem(Exception):
@@ -208,20 +232,45 @@ def _parse_shard(raw: RawShard) -> tuple[ShardHeader, list[str]]:
     metadata = header.pop("__metadata__", None) or {}
     if not isinstance(metadata, dict):
         raise _fail(name, "header __metadata__ is not an object of strings")
-    tensors: dict[str, TensorInfo] = {}
     problems: list[str] = []
     data_size = 0
+    numel_total = 0
+    by_dtype: dict[str, int] = {}
+    bad: list[str] = []
+    bits_of = DTYPE_BITS
     for tensor_name, entry in header.items():
+        # Fast path, inlined: a 230B checkpoint has ~100k entries.
         try:
-            info = _tensor_info(entry)
+            dtype = entry["dtype"]
+            shape = entry["shape"]
+            begin, end = entry["data_offsets"]
+            numel = 1
+            for dim in shape:
+                if dim.__class__ is not int or dim < 0:
+                    raise ValueError
+                numel *= dim
+            if not (begin.__class__ is int and end.__class__ is int and 0 <= begin <= end
+                    and shape.__class__ is list
+                    and end - begin == (numel * bits_of[dtype] + 7) // 8):
+                raise ValueError
+        except (KeyError, TypeError, ValueError):
+            bad.append(tensor_name)
+            continue
+        numel_total += numel
+        by_dtype[dtype] = by_dtype.get(dtype, 0) + end - begin
+        if end > data_size:
+            data_size = end
+    for tensor_name in bad:
+        entry = header.pop(tensor_name)
+        if len(problems) >= _MAX_PROBLEMS_PER_SHARD:
+            problems.append(f"{name}: {len(bad) - _MAX_PROBLEMS_PER_SHARD} further tensor problems not listed")
+            break
+        try:
+            _tensor_info(entry)
         except ValueError as exc:
             problems.append(f"{name}: tensor {tensor_name!r}: {exc}")
-            if len(problems) >= _MAX_PROBLEMS_PER_SHARD:
-                problems.append(f"{name}: further tensor problems not listed")
-                break
-            continue
-        tensors[tensor_name] = info
-        data_size = max(data_size, info.end)
+    for tensor_name in bad:
+        header.pop(tensor_name, None)
     expected = 8 + raw.header_len + data_size
     if raw.file_size < expected:
         problems.append(
@@ -233,12 +282,13 @@ def _parse_shard(raw: RawShard) -> tuple[ShardHeader, list[str]]:
             f"{name}: file is {raw.file_size} bytes but its header describes {expected} "
             f"(8 + {raw.header_len} header + {data_size} data): "
             f"{raw.file_size - expected} unexpected trailing bytes")
-    shard = ShardHeader(name, raw.file_size, raw.header_len, data_size, tensors,
-                        {str(k): str(v) for k, v in metadata.items()})
+    shard = ShardHeader(name, raw.file_size, raw.header_len, data_size, header,
+                        {str(k): str(v) for k, v in metadata.items()}, by_dtype, numel_total)
     return shard, problems
 
 
 def _tensor_info(entry: object) -> TensorInfo:
+    """Validate one header entry, raising ValueError that says what is wrong with it."""
     if not isinstance(entry, dict):
         raise ValueError("entry is not an object with dtype, shape and data_offsets")
     dtype = entry.get("dtype")
@@ -285,9 +335,29 @@ def _parse_index(name: str, text: str) -> tuple[dict[str, str], int | None, list
     return dict(weight_map), total if isinstance(total, int) else None, problems
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while building ~100k small dicts from JSON: the
+    collections it would trigger double the parse time and free nothing (no cycles are made)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def analyse_directory(raw: RawDirectory) -> ModelFiles:
     """Parse every header read and list every completeness problem, each naming its file."""
-    problems: list[str] = [f"{name}: cannot be read: {error}" for name, error in raw.errors.items()]
+    with gc_paused():
+        return _analyse_directory(raw)
+
+
+def _analyse_directory(raw: RawDirectory) -> ModelFiles:
+    problems: list[str] = [f"{name}: cannot be read: {error}" for name, error in raw.errors.items()
+                           if name not in SIDE_FILES]
+    side_errors = {name: error for name, error in raw.errors.items() if name in SIDE_FILES}
     weight_map: dict[str, str] = {}
     index_total: int | None = None
     if raw.index_name is not None and raw.index_text is not None:
@@ -307,14 +377,17 @@ def analyse_directory(raw: RawDirectory) -> ModelFiles:
     if weight_map:
         problems += _index_consistency(raw.index_name or INDEX_NAME, weight_map, shards)
     return ModelFiles(raw.path, dict(raw.side_files), raw.index_name, tuple(names), tuple(shards),
-                      tuple(problems), index_total, raw.is_directory)
+                      tuple(problems), index_total, raw.is_directory, side_errors)
 
 
 def _index_consistency(index_name: str, weight_map: Mapping[str, str],
                        shards: Iterable[ShardHeader]) -> list[str]:
     problems = []
+    placed: dict[str, list[str]] = {}
+    for tensor, shard_name in weight_map.items():
+        placed.setdefault(shard_name, []).append(tensor)
     for shard in shards:
-        expected = [t for t, s in weight_map.items() if s == shard.name and t not in shard.tensors]
+        expected = [t for t in placed.get(shard.name, ()) if t not in shard.entries]
         if expected:
             problems.append(f"{shard.name}: {len(expected)} tensor(s) that {index_name} places "
                             f"here are not in its header (first: {expected[0]!r})")
@@ -476,7 +549,8 @@ def decode_remote_output(host_name: str, stdout: str) -> RawDirectory:
         shown = stdout.strip()[:120] or "nothing"
         raise ProbeError(f"{host_name}: the model-directory reader printed {shown!r}, not its report")
     try:
-        payload = json.loads(zlib.decompress(base64.b64decode(line[len(_REMOTE_MARKER):])))
+        with gc_paused():
+            payload = json.loads(zlib.decompress(base64.b64decode(line[len(_REMOTE_MARKER):])))
     except (ValueError, zlib.error) as exc:
         raise ProbeError(f"{host_name}: the model-directory report is garbled ({exc})") from None
     try:
