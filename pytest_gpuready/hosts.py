@@ -12,6 +12,7 @@ later command a cheap round trip instead of a new TCP + key exchange.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -30,6 +31,8 @@ _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _IPV6_RE = re.compile(r"^\[([0-9A-Fa-f:.]+)\]$")
 _SSH_OPTION_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*[= ]\S.*$")
+_CONTROL_SOCKET_NAME = "master"
+_MAX_CONTROL_PATH_BYTES = 80  # ssh adds a 17-byte temporary suffix; macOS allows 104 bytes in all
 # Options the plugin sets itself: overriding them would break the one multiplexed connection per
 # host, or let ssh wait at a password prompt nobody can answer.
 _MANAGED_SSH_OPTIONS = frozenset({"batchmode", "controlmaster", "controlpath", "controlpersist"})
@@ -266,9 +269,18 @@ class SSHHost:
         return self._control_dir
 
     def _control_path(self) -> str:
+        """The master's socket: a short fixed name, since the directory belongs to this host alone.
+
+        A unix socket path must fit in 104 (macOS) or 108 (Linux) bytes; ssh's ``%C`` hash alone is
+        40, and a macOS ``$TMPDIR`` is about 50, so a long temp dir falls back to ``/tmp``.
+        """
         if self._control_dir is None:
-            self._control_dir = tempfile.mkdtemp(prefix="gpuready-ssh-")
-        return f"{self._control_dir}/%C"
+            control_dir = tempfile.mkdtemp(prefix="gpuready-ssh-")
+            if len(control_dir) + len(_CONTROL_SOCKET_NAME) + 1 > _MAX_CONTROL_PATH_BYTES and os.path.isdir("/tmp"):
+                os.rmdir(control_dir)
+                control_dir = tempfile.mkdtemp(prefix="gpuready-ssh-", dir="/tmp")
+            self._control_dir = control_dir
+        return f"{self._control_dir}/{_CONTROL_SOCKET_NAME}"
 
     def ssh_argv(self) -> list[str]:
         """The ssh client's argv up to and including the target (no remote command)."""

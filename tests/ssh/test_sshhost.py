@@ -11,6 +11,7 @@ import os
 import shlex
 import socket
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,6 +131,22 @@ def test_close_stops_the_master_and_a_later_run_reconnects(loopback_sshd: Loopba
     try:
         assert host.run("echo again").stdout == "again\n"
         assert loopback_sshd.accepted_connections() - before == 2
+    finally:
+        host.close()
+
+
+def test_long_tmpdir_still_gives_a_working_control_socket(loopback_sshd: LoopbackSshd, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A unix socket path must fit in 104-108 bytes; a macOS-like long $TMPDIR must not break ssh."""
+    long_tmp = tmp_path / ("d" * 70)
+    long_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long_tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    host = _host(loopback_sshd)
+    try:
+        assert host.run("echo ok").stdout == "ok\n"
+        assert host.control_dir is not None
+        assert host.control_dir.startswith("/tmp/gpuready-ssh-")
     finally:
         host.close()
 
