@@ -168,8 +168,9 @@ class LoopbackSshd:
 
 
 def _sshd_config(port: int, host_key: Path, authorized_keys: Path, remote_path: str,
-                 remote_home: Path, scenario_file: Path) -> str:
+                 remote_home: Path, scenario_file: Path, extra_config: tuple[str, ...]) -> str:
     return "\n".join([
+        *extra_config,  # first: sshd keeps the first value it reads for a keyword
         f"Port {port}",
         "ListenAddress 127.0.0.1",
         f"HostKey {host_key}",
@@ -200,10 +201,12 @@ def _ensure_privsep_dir() -> None:
 
 
 @contextlib.contextmanager
-def loopback_sshd(extra_path: tuple[str, ...] = (str(STANDIN_BIN),)) -> Iterator[LoopbackSshd]:
+def loopback_sshd(extra_path: tuple[str, ...] = (str(STANDIN_BIN),),
+                  extra_config: tuple[str, ...] = ()) -> Iterator[LoopbackSshd]:
     """Start sshd on a free loopback port for the ``with`` block; stop it and remove its files after.
 
-    ``extra_path`` goes in front of the remote ``PATH`` (by default the stand-in ``nvidia-smi``).
+    ``extra_path`` goes in front of the remote ``PATH`` (by default the stand-in ``nvidia-smi``);
+    ``extra_config`` lines (e.g. ``MaxSessions 1``) override this module's sshd settings.
     Raises :class:`SshdUnavailable` when there is no sshd binary.
     """
     sshd = find_sshd()
@@ -226,7 +229,7 @@ def loopback_sshd(extra_path: tuple[str, ...] = (str(STANDIN_BIN),)) -> Iterator
         for attempt in range(3):  # another process may take the free port before sshd binds it
             port = free_port()
             config.write_text(_sshd_config(port, host_key, authorized_keys, remote_path,
-                                           remote_home, scenario_file))
+                                           remote_home, scenario_file, extra_config))
             check = subprocess.run([sshd, "-t", "-f", str(config)], capture_output=True, text=True)
             if check.returncode != 0:
                 raise RuntimeError(f"sshd rejected its config {config}: {check.stderr.strip()}")

@@ -19,7 +19,7 @@ import pytest
 
 from pytest_gpuready.errors import HostError, HostSpecError
 from pytest_gpuready.hosts import SSHHost, connect, parse_host_spec, validate_ssh_option
-from tests.sshd import LoopbackSshd, keygen
+from tests.sshd import LoopbackSshd, keygen, loopback_sshd
 
 pytestmark = pytest.mark.ssh
 
@@ -244,6 +244,24 @@ def test_failed_proxy_hop_is_named(loopback_sshd: LoopbackSshd) -> None:
             host.run("true")
     finally:
         host.close()
+
+
+def test_session_over_the_servers_limit_falls_back_to_a_fresh_connection() -> None:
+    """sshd caps sessions per connection (MaxSessions, default 10). Past it, ssh opens a direct
+    connection for that command instead of failing: the command runs, at the cost of a connection."""
+    with loopback_sshd(extra_config=("MaxSessions 1",)) as server:
+        host = _host(server)
+        with subprocess.Popen([*host.ssh_argv(), "--", "echo held; exec sleep 30"],
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) as held:
+            try:
+                assert held.stdout is not None
+                assert held.stdout.readline() == b"held\n"  # the master is up, its one session taken
+                assert server.accepted_connections() == 1
+                assert host.run("echo second").stdout == "second\n"
+                assert server.accepted_connections() == 2
+            finally:
+                host.close()  # ends the master, and with it the held session
+                held.wait(timeout=10)
 
 
 def test_user_ssh_option_wins_over_the_plugin_default(loopback_sshd: LoopbackSshd) -> None:
