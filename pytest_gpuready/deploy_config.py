@@ -172,7 +172,7 @@ def _read_yaml(path: Path) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: cannot be read: {exc}") from None
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -222,7 +222,7 @@ class _Ctx:
     def number(self, key: str, value: Any, *, above: float = 0.0, at_most: float | None = None) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > above \
                 or (at_most is not None and value > at_most):
-            bound = f" and <= {at_most}" if at_most is not None else ""
+            bound = f" and <= {at_most:g}" if at_most is not None else ""
             raise self.error(key, f"a number > {above:g}{bound}", value)
         return float(value)
 

@@ -135,7 +135,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         lines.append(f"gpuready: deploy file {deploy.path}: {', '.join(deploy.names)}")
     version = VLLM_VERSION.get(config)
     if version is not None:
-        lines.append(f"gpuready: vLLM rules for {version} (--vllm-version)")
+        lines.append(f"gpuready: model checks apply the rules of vLLM {version}")
     return lines
 
 
@@ -153,7 +153,7 @@ def marker_kwargs(marker: pytest.Mark) -> dict[str, Any]:
     if len(marker.args) > len(positional):
         pytest.fail(f"@pytest.mark.{marker.name}: too many positional arguments {marker.args!r}; "
                     f"expected ({', '.join(allowed)})", pytrace=False)
-    kwargs = dict(zip(positional, marker.args))
+    kwargs = dict(zip(positional, marker.args, strict=False))
     for key, value in marker.kwargs.items():
         if key not in allowed:
             pytest.fail(f"@pytest.mark.{marker.name}: unexpected argument {key}=; expected "
@@ -338,6 +338,7 @@ def model_spec(request: pytest.FixtureRequest) -> ModelSpec:
         raw = marker_kwargs(marker).get("path")
         if not isinstance(raw, (str, os.PathLike)):
             _bad_marker("model", "path", raw, "a model directory path")
+            raise AssertionError("unreachable")
         return load_model(request.config, _local_path(os.fspath(raw), Path(request.path).parent))
     deployment = _deployment_if_any(request)
     if deployment is not None:
@@ -433,9 +434,9 @@ def _gpuready_model_markers(request: pytest.FixtureRequest) -> None:
 
 
 __all__ = [
-    "GPU_ARCH",
     "GPUREADY_CONFIG",
     "GPUREADY_MODEL",
+    "GPU_ARCH",
     "NO_DEPLOY_FILE",
     "VLLM_VERSION",
     "deploy_config_of",

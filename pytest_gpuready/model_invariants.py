@@ -419,9 +419,8 @@ def effective_kv_cache_dtype(model: ModelSpec, kv_cache_dtype: str = "auto",
     quant = model.quantization
     asked = quant.kv_cache_dtype if quant else None
     if kv_cache_dtype != "auto":
-        forced = (quant is not None and quant.method == "compressed-tensors" and asked
-                  and not model.is_mla and version is not None and not version.at_least(0, 33))
-        if forced:
+        if (quant is not None and quant.method == "compressed-tensors" and asked
+                and not model.is_mla and version is not None and not version.at_least(0, 33)):
             return KvCacheDtype("fp8", f"forced by {quant.kv_cache_source} on vLLM {version} "
                                        f"(--kv-cache-dtype {kv_cache_dtype} is ignored before 0.33)")
         return KvCacheDtype(kv_cache_dtype, f"--kv-cache-dtype {kv_cache_dtype}")
@@ -609,10 +608,7 @@ def check_memory_fit(
     version = _version(vllm_version)
     present = snapshot.require_gpus()
     host = snapshot.host
-    if gpus is None:
-        selected = sorted(present, key=lambda g: g.index)[:tp]
-    else:
-        selected = [snapshot.gpu(i) for i in gpus][:tp]
+    selected = sorted(present, key=lambda g: g.index)[:tp] if gpus is None else [snapshot.gpu(i) for i in gpus][:tp]
     evidence: dict[str, Any] = {"host": host, "tp": tp, "gpus": [g.index for g in selected],
                                 "gpu_memory_utilization": gpu_memory_utilization}
     if len(selected) < tp:
@@ -658,7 +654,8 @@ def check_memory_fit(
                      "kv_cache_dtype": kv.name, "kv_bytes_per_token": bytes_per_token,
                      "max_model_len": length, "max_num_seqs": seqs})
     budget_text = (f"{_gib(weights)} GiB weights + {reserve_gib:g} GiB reserve per GPU of a "
-                   f"{_gib(budget)} GiB budget ({gpu_memory_utilization} x {_gib(budget / gpu_memory_utilization)} GiB)")
+                   f"{_gib(budget)} GiB budget ({gpu_memory_utilization} x "
+                   f"{_gib(budget / gpu_memory_utilization)} GiB)")
     if errors:
         return Verdict.failed(f"{model.name} at TP={tp}: {errors[0]}", details=tuple(errors[1:]),
                               evidence=evidence, rule_set=MEMORY_RULES)

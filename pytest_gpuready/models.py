@@ -202,7 +202,7 @@ class _Keys:
             return ConfigError(f"{self.file}: key '{key}' is missing; expected {expected}")
         return ConfigError(f"{self.file}: key '{key}' is {json.dumps(value)}; expected {expected}")
 
-    def int(self, key: str, *, required: bool = False, minimum: int = 0,
+    def integer(self, key: str, *, required: bool = False, minimum: int = 0,
             meaning: str = "") -> int | None:
         value, shown = self._lookup(key)
         expected = f"a whole number >= {minimum}" + (f" ({meaning})" if meaning else "")
@@ -215,11 +215,11 @@ class _Keys:
         return value
 
     def req(self, key: str, *, minimum: int = 1, meaning: str = "") -> int:
-        value = self.int(key, required=True, minimum=minimum, meaning=meaning)
+        value = self.integer(key, required=True, minimum=minimum, meaning=meaning)
         assert value is not None
         return value
 
-    def str(self, key: str) -> str | None:
+    def text(self, key: str) -> str | None:
         value, shown = self._lookup(key)
         if value is None:
             return None
@@ -227,7 +227,7 @@ class _Keys:
             raise self.error(shown, value, "a string")
         return value
 
-    def bool(self, key: str) -> bool | None:
+    def flag(self, key: str) -> bool | None:
         value, shown = self._lookup(key)
         if value is None:
             return None
@@ -257,8 +257,8 @@ def model_spec_from_config(
         raise top.error("text_config", text_config, "an object with the language model's config")
     keys = _Keys(text_config, source, "text_config.", fallback=config) if text_config else top
 
-    model_type = top.str("model_type") or ""
-    text_model_type = (keys.str("model_type") if text_config else None) or model_type
+    model_type = top.text("model_type") or ""
+    text_model_type = (keys.text("model_type") if text_config else None) or model_type
     architectures = config.get("architectures") or (text_config or {}).get("architectures") or []
     if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
         raise top.error("architectures", architectures, "a list of class names")
@@ -266,8 +266,8 @@ def model_spec_from_config(
     num_layers = keys.req("num_hidden_layers", meaning="the number of transformer layers")
     hidden = keys.req("hidden_size", meaning="the model width")
     heads = keys.req("num_attention_heads", meaning="query heads")
-    kv_heads = keys.int("num_key_value_heads", minimum=1) or heads
-    head_dim = keys.int("head_dim", minimum=1)
+    kv_heads = keys.integer("num_key_value_heads", minimum=1) or heads
+    head_dim = keys.integer("head_dim", minimum=1)
     if head_dim is None:
         if hidden % heads:
             raise ConfigError(f"{source}: key '{keys.prefix}head_dim' is missing and hidden_size "
@@ -277,10 +277,10 @@ def model_spec_from_config(
     vocab = keys.req("vocab_size", meaning="tokenizer vocabulary size")
 
     experts_key = next((k for k in ("n_routed_experts", "num_experts", "num_local_experts")
-                        if keys.int(k)), None)
-    experts = (keys.int(experts_key) or 0) if experts_key else 0
-    moe_i = keys.int("moe_intermediate_size", minimum=1)
-    dense_i = keys.int("intermediate_size", minimum=1)
+                        if keys.integer(k)), None)
+    experts = (keys.integer(experts_key) or 0) if experts_key else 0
+    moe_i = keys.integer("moe_intermediate_size", minimum=1)
+    dense_i = keys.integer("intermediate_size", minimum=1)
     expert_key: str | None = None
     if experts and moe_i is not None:
         expert_key = "moe_intermediate_size"
@@ -298,17 +298,17 @@ def model_spec_from_config(
     else:
         moe_i = None
 
-    shared = keys.int("n_shared_experts") or 0
+    shared = keys.integer("n_shared_experts") or 0
     shared_width = 0
     if shared and moe_i:
         shared_width = shared * moe_i
     for width_key in ("shared_expert_intermediate_size", "shared_intermediate_size"):
-        width = keys.int(width_key)
+        width = keys.integer(width_key)
         if width:
             shared_width = width
             shared = shared or 1
 
-    kv_lora = keys.int("kv_lora_rank", minimum=1)
+    kv_lora = keys.integer("kv_lora_rank", minimum=1)
     spec = ModelSpec(
         name=name or str(config.get("_name_or_path") or "") or model_type or "model",
         source=source,
@@ -325,20 +325,20 @@ def model_spec_from_config(
         moe_intermediate_size=moe_i,
         expert_ffn_key=expert_key,
         num_experts=experts,
-        num_experts_per_tok=keys.int("num_experts_per_tok"),
+        num_experts_per_tok=keys.integer("num_experts_per_tok"),
         num_shared_experts=shared,
         shared_expert_intermediate_size=shared_width,
-        first_k_dense_replace=keys.int("first_k_dense_replace") or 0,
+        first_k_dense_replace=keys.integer("first_k_dense_replace") or 0,
         kv_lora_rank=kv_lora,
-        q_lora_rank=keys.int("q_lora_rank", minimum=1),
-        qk_rope_head_dim=keys.int("qk_rope_head_dim"),
-        qk_nope_head_dim=keys.int("qk_nope_head_dim"),
-        v_head_dim=keys.int("v_head_dim", minimum=1),
-        index_topk=keys.int("index_topk", minimum=1),
-        max_position_embeddings=keys.int("max_position_embeddings", minimum=1),
-        num_nextn_predict_layers=keys.int("num_nextn_predict_layers") or 0,
-        torch_dtype=keys.str("torch_dtype") or keys.str("dtype") or "bfloat16",
-        tie_word_embeddings=bool(keys.bool("tie_word_embeddings")),
+        q_lora_rank=keys.integer("q_lora_rank", minimum=1),
+        qk_rope_head_dim=keys.integer("qk_rope_head_dim"),
+        qk_nope_head_dim=keys.integer("qk_nope_head_dim"),
+        v_head_dim=keys.integer("v_head_dim", minimum=1),
+        index_topk=keys.integer("index_topk", minimum=1),
+        max_position_embeddings=keys.integer("max_position_embeddings", minimum=1),
+        num_nextn_predict_layers=keys.integer("num_nextn_predict_layers") or 0,
+        torch_dtype=keys.text("torch_dtype") or keys.text("dtype") or "bfloat16",
+        tie_word_embeddings=bool(keys.flag("tie_word_embeddings")),
         quantization=parse_quantization(config, source, text_config, hf_quant_config),
         config=config,
     )
@@ -423,7 +423,8 @@ def parse_quantization(
     if method == "compressed-tensors":
         return _parse_compressed_tensors(qc, source, key_prefix)
     if method.startswith("modelopt"):
-        inner = qc.get("quantization") if isinstance(qc.get("quantization"), Mapping) else {}
+        nested = qc.get("quantization")
+        inner: Mapping[str, Any] = nested if isinstance(nested, Mapping) else {}
         kv_value = inner.get("kv_cache_scheme") or qc.get("kv_cache_scheme") or qc.get("kv_cache_quant_algo")
         kv_key = ("kv_cache_scheme" if (inner.get("kv_cache_scheme") or qc.get("kv_cache_scheme"))
                   else "kv_cache_quant_algo")

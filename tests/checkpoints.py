@@ -91,7 +91,7 @@ def write_checkpoint(directory: Path, tensors: Sequence[TensorSpec], shards: int
     groups = split_into_shards(tensors, shards)
     names = [shard_name(i, len(groups)) for i in range(len(groups))]
     weight_map = {}
-    for name, group in zip(names, groups):
+    for name, group in zip(names, groups, strict=True):
         write_shard(directory / name, group)
         weight_map.update({t.name: name for t in group})
     if index:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,8 @@ def test_minimax_m25_expert_width_is_intermediate_size() -> None:
     assert (model.num_experts, model.num_experts_per_tok, model.shared_expert_intermediate_size) == (256, 8, 0)
     assert (model.num_attention_heads, model.num_kv_heads, model.head_dim) == (48, 8, 128)
     assert model.attention_output_size == 6144
-    assert not model.is_mla and model.is_moe
+    assert not model.is_mla
+    assert model.is_moe
     assert (model.dense_layer_count, model.moe_layer_count) == (0, 62)
     quant = model.quantization
     assert quant is not None
@@ -46,7 +46,8 @@ def test_minimax_m25_expert_width_is_intermediate_size() -> None:
 
 def test_deepseek_v3_mla_dense_and_shared_experts() -> None:
     model = spec("deepseek-ai__DeepSeek-V3")
-    assert model.is_mla and model.mla_head_size == 576
+    assert model.is_mla
+    assert model.mla_head_size == 576
     assert (model.kv_lora_rank, model.q_lora_rank, model.qk_rope_head_dim, model.qk_nope_head_dim,
             model.v_head_dim) == (512, 1536, 64, 128, 128)
     assert (model.intermediate_size, model.moe_intermediate_size, model.expert_ffn_key) == (
@@ -62,7 +63,8 @@ def test_kimi_k25_nvfp4_nested_text_config_and_kv_request() -> None:
     model = spec("nvidia__Kimi-K2.5-NVFP4")
     assert (model.model_type, model.text_model_type) == ("kimi_k25", "deepseek_v3")
     assert model.architectures == ("KimiK25ForConditionalGeneration",)
-    assert model.is_mla and model.mla_head_size == 576
+    assert model.is_mla
+    assert model.mla_head_size == 576
     assert (model.num_experts, model.num_layers, model.first_k_dense_replace) == (384, 61, 1)
     quant = model.quantization
     assert quant is not None
@@ -76,7 +78,8 @@ def test_llama_unquantized_head_dim_derived() -> None:
     model = spec("meta-llama__Llama-3.1-8B")
     assert model.quantization is None
     assert model.head_dim == 4096 // 32
-    assert not model.is_moe and not model.is_mla
+    assert not model.is_moe
+    assert not model.is_mla
     assert model.dense_layer_count == 32
     assert model.describe() == "meta-llama__Llama-3.1-8B (llama, 32 layers, GQA, unquantized)"
 
@@ -219,7 +222,8 @@ def test_inspect_model_reads_config_and_headers(tmp_path: Path) -> None:
     assert weights is not None
     assert model.name == "tiny"
     assert weights.total_bytes == sum(t.nbytes for t in small_tensors())
-    assert weights.shard_count == 2 and weights.complete
+    assert weights.shard_count == 2
+    assert weights.complete
     assert weights.unused_bytes == 64 * 128 * 2  # model.layers.2 is past num_hidden_layers=2 (an MTP head)
     assert weights.replicated_bytes == 64 * 2  # input_layernorm
     loaded = weights.total_bytes - weights.unused_bytes
@@ -240,7 +244,8 @@ def test_inspect_model_with_incomplete_weights_lists_problems(tmp_path: Path) ->
     names = write_checkpoint(tmp_path / "tiny", small_tensors(), shards=2, config=tiny_config())
     (tmp_path / "tiny" / names[0]).unlink()
     weights = inspect_model(tmp_path / "tiny").weights
-    assert weights is not None and not weights.complete
+    assert weights is not None
+    assert not weights.complete
     assert weights.problems == (f"{names[0]}: missing (named in model.safetensors.index.json)",)
 
 
@@ -280,7 +285,8 @@ def test_hf_quant_config_json_next_to_config(tmp_path: Path) -> None:
     (tmp_path / "hf_quant_config.json").write_text(json.dumps(
         {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}}))
     quant = inspect_model(tmp_path).quantization
-    assert quant is not None and (quant.method, quant.kv_cache_dtype) == ("modelopt", "fp8_e4m3")
+    assert quant is not None
+    assert (quant.method, quant.kv_cache_dtype) == ("modelopt", "fp8_e4m3")
 
 
 def test_hf_quant_config_json_not_json(tmp_path: Path) -> None:

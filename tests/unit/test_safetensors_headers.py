@@ -56,7 +56,7 @@ def test_headers_agree_with_safetensors_safe_open(checkpoint: Path) -> None:
         with safe_open(str(checkpoint / shard.name), framework="numpy") as handle:
             assert sorted(handle.keys()) == sorted(shard.tensors)
             assert handle.metadata() == dict(shard.metadata)
-            for name in handle.keys():
+            for name in handle.keys():  # noqa: SIM118 - safe_open is not a dict
                 assert list(handle.get_slice(name).get_shape()) == list(shard.tensors[name].shape)
 
 
@@ -184,7 +184,8 @@ def test_index_naming_a_path_outside_the_directory(checkpoint: Path) -> None:
     (checkpoint / "model.safetensors.index.json").write_text(
         json.dumps({"weight_map": {"w": "../../etc/passwd"}}))
     problems = inspect_files(checkpoint).problems
-    assert "model.safetensors.index.json: shard '../../etc/passwd' is not a file name in the model directory" in problems
+    expected = "model.safetensors.index.json: shard '../../etc/passwd' is not a file name in the model directory"
+    assert expected in problems
 
 
 def test_without_index_every_safetensors_file_counts(tmp_path: Path) -> None:
@@ -232,12 +233,14 @@ def test_remote_reader_on_a_missing_directory(tmp_path: Path) -> None:
 
 
 def test_remote_reader_without_python(tmp_path: Path) -> None:
-    with pytest.raises(HostError, match=r"^local: no-such-python3 is not on PATH; it is needed to read model files there$"):
+    expected = r"^local: no-such-python3 is not on PATH; it is needed to read model files there$"
+    with pytest.raises(HostError, match=expected):
         read_raw_directory_remote(LocalHost(), str(tmp_path), python="no-such-python3")
 
 
 def test_garbled_remote_report() -> None:
-    with pytest.raises(ProbeError, match=r"^gpu-box: the model-directory reader printed 'Welcome to Ubuntu', not its report$"):
+    expected = r"^gpu-box: the model-directory reader printed 'Welcome to Ubuntu', not its report$"
+    with pytest.raises(ProbeError, match=expected):
         decode_remote_output("gpu-box", "Welcome to Ubuntu\n")
     with pytest.raises(ProbeError, match=r"^gpu-box: the model-directory report is garbled"):
         decode_remote_output("gpu-box", "GPUREADY-MODELDIR-1:not-base64!!\n")
