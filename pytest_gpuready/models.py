@@ -498,28 +498,25 @@ def _load_json(text: str, file: str) -> Any:
         raise ConfigError(f"{file}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from None
 
 
-def _layer_index(name: str) -> int | None:
-    at = name.find("layers.")
-    if at < 0 or (at > 0 and name[at - 1] != "."):
-        return None
-    start = at + 7
-    stop = name.find(".", start)
-    digits = name[start:stop] if stop > 0 else ""
-    return int(digits) if digits.isdigit() else None
+def _unused_prefixes(num_layers: int) -> tuple[str, ...]:
+    """Name prefixes of the layers past ``num_layers`` (MTP / next-n heads sit right after them)."""
+    return tuple(f"{root}layers.{i}." for i in range(num_layers, num_layers + 16)
+                 for root in ("model.", "language_model.model.", "model.language_model."))
 
 
 def weights_from_files(files: ModelFiles, num_layers: int) -> Weights | None:
     """Sum the headers into :class:`Weights`; None when the directory has no safetensors.
 
     Layers past ``num_layers`` (MTP / next-n heads) are counted as unused; norms, routers and MLA
-    down-projections as replicated on every TP rank. One pass over ~100k names, string tests first.
+    down-projections as replicated on every TP rank. One pass over ~100k names with C-level
+    string tests; the regex only sees the few thousand names that are not routed experts.
     """
     if not files.has_weights:
         return None
+    unused_prefixes = _unused_prefixes(num_layers)
     replicated = unused = 0
     for tensor_name, nbytes in files.sizes():
-        layer = _layer_index(tensor_name)
-        if layer is not None and layer >= num_layers:
+        if tensor_name.startswith(unused_prefixes):
             unused += nbytes
         elif ".experts." not in tensor_name and _REPLICATED_RE.search(tensor_name):
             replicated += nbytes

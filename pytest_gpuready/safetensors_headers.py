@@ -26,9 +26,9 @@ import shlex
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from pytest_gpuready.errors import HostError, ProbeError
 from pytest_gpuready.hosts import Host
@@ -104,24 +104,34 @@ class RawDirectory:
     shards: tuple[RawShard, ...] = ()
     errors: Mapping[str, str] = field(default_factory=dict)
     """File name -> I/O error for side files or the index that exist but could not be read."""
+    parsed_index: tuple[dict[str, str], int | None, list[str]] | None = field(
+        default=None, repr=False, compare=False)
+    """The index as :func:`read_raw_directory` already parsed it (so it is parsed once)."""
+    reader_bytes_read: int | None = None
+    """Bytes the remote reader read while reading (its ``/proc/self/io`` rchar), when it could tell."""
+    report_bytes: int | None = None
+    """Size of the encoded report that came back from the host."""
 
 
 @dataclass(frozen=True)
 class ShardHeader:
     """A parsed, validated header of one shard, with its sums precomputed.
 
-    ``entries`` keeps the header's own (validated) JSON objects rather than one Python object per
-    tensor: a 230B checkpoint has ~100k tensors and inspection must stay well under a second.
+    Only ``tensor name -> bytes`` is kept per tensor (a dict of str and int, which the garbage
+    collector does not track): a 230B checkpoint has ~100k tensors, and one Python object per
+    tensor would cost more than the parse. :attr:`tensors` re-reads the header for callers that
+    want dtypes and shapes.
     """
 
     name: str
     file_size: int
     header_len: int
     data_size: int
-    entries: Mapping[str, Mapping[str, Any]]
+    tensor_sizes: Mapping[str, int]
     metadata: Mapping[str, str]
     bytes_by_dtype: Mapping[str, int]
     numel: int
+    raw_header: bytes = field(default=b"", repr=False, compare=False)
 
     @property
     def expected_file_size(self) -> int:
@@ -129,15 +139,11 @@ class ShardHeader:
 
     @property
     def tensors(self) -> dict[str, TensorInfo]:
-        """Every tensor as a :class:`TensorInfo` (built on each call; prefer :meth:`sizes`)."""
+        """Every tensor as a :class:`TensorInfo` (parses the header again; not for hot paths)."""
+        header = json.loads(self.raw_header)
+        header.pop("__metadata__", None)
         return {name: TensorInfo(e["dtype"], tuple(e["shape"]), *e["data_offsets"])
-                for name, e in self.entries.items()}
-
-    def sizes(self) -> Iterator[tuple[str, int]]:
-        """``(tensor name, bytes)`` for every tensor, without building objects."""
-        for name, entry in self.entries.items():
-            begin, end = entry["data_offsets"]
-            yield name, end - begin
+                for name, e in header.items() if name in self.tensor_sizes}
 
 
 @dataclass(frozen=True)
@@ -163,7 +169,7 @@ class ModelFiles:
 
     @property
     def tensor_count(self) -> int:
-        return sum(len(shard.entries) for shard in self.shards)
+        return sum(len(shard.tensor_sizes) for shard in self.shards)
 
     @property
     def total_bytes(self) -> int:
@@ -187,7 +193,7 @@ class ModelFiles:
     def sizes(self) -> Iterator[tuple[str, int]]:
         """``(tensor name, bytes)`` over every shard."""
         for shard in self.shards:
-            yield from shard.sizes()
+            yield from shard.tensor_sizes.items()
 
 
 class _ShardProblem(Exception):
@@ -236,6 +242,7 @@ def _parse_shard(raw: RawShard) -> tuple[ShardHeader, list[str]]:
     data_size = 0
     numel_total = 0
     by_dtype: dict[str, int] = {}
+    sizes: dict[str, int] = {}
     bad: list[str] = []
     bits_of = DTYPE_BITS
     for tensor_name, entry in header.items():
@@ -257,11 +264,12 @@ def _parse_shard(raw: RawShard) -> tuple[ShardHeader, list[str]]:
             bad.append(tensor_name)
             continue
         numel_total += numel
+        sizes[tensor_name] = end - begin
         by_dtype[dtype] = by_dtype.get(dtype, 0) + end - begin
         if end > data_size:
             data_size = end
     for tensor_name in bad:
-        entry = header.pop(tensor_name)
+        entry = header[tensor_name]
         if len(problems) >= _MAX_PROBLEMS_PER_SHARD:
             problems.append(f"{name}: {len(bad) - _MAX_PROBLEMS_PER_SHARD} further tensor problems not listed")
             break
@@ -269,8 +277,6 @@ def _parse_shard(raw: RawShard) -> tuple[ShardHeader, list[str]]:
             _tensor_info(entry)
         except ValueError as exc:
             problems.append(f"{name}: tensor {tensor_name!r}: {exc}")
-    for tensor_name in bad:
-        header.pop(tensor_name, None)
     expected = 8 + raw.header_len + data_size
     if raw.file_size < expected:
         problems.append(
@@ -282,8 +288,8 @@ def _parse_shard(raw: RawShard) -> tuple[ShardHeader, list[str]]:
             f"{name}: file is {raw.file_size} bytes but its header describes {expected} "
             f"(8 + {raw.header_len} header + {data_size} data): "
             f"{raw.file_size - expected} unexpected trailing bytes")
-    shard = ShardHeader(name, raw.file_size, raw.header_len, data_size, header,
-                        {str(k): str(v) for k, v in metadata.items()}, by_dtype, numel_total)
+    shard = ShardHeader(name, raw.file_size, raw.header_len, data_size, sizes,
+                        {str(k): str(v) for k, v in metadata.items()}, by_dtype, numel_total, raw.header)
     return shard, problems
 
 
@@ -361,7 +367,8 @@ def _analyse_directory(raw: RawDirectory) -> ModelFiles:
     weight_map: dict[str, str] = {}
     index_total: int | None = None
     if raw.index_name is not None and raw.index_text is not None:
-        weight_map, index_total, index_problems = _parse_index(raw.index_name, raw.index_text)
+        parsed = raw.parsed_index or _parse_index(raw.index_name, raw.index_text)
+        weight_map, index_total, index_problems = parsed
         problems += index_problems
     names = shard_names_for(weight_map, raw.listed_safetensors)
     by_name = {shard.name: shard for shard in raw.shards}
@@ -387,7 +394,7 @@ def _index_consistency(index_name: str, weight_map: Mapping[str, str],
     for tensor, shard_name in weight_map.items():
         placed.setdefault(shard_name, []).append(tensor)
     for shard in shards:
-        expected = [t for t in placed.get(shard.name, ()) if t not in shard.entries]
+        expected = [t for t in placed.get(shard.name, ()) if t not in shard.tensor_sizes]
         if expected:
             problems.append(f"{shard.name}: {len(expected)} tensor(s) that {index_name} places "
                             f"here are not in its header (first: {expected[0]!r})")
@@ -448,13 +455,14 @@ def read_raw_directory(path: str | os.PathLike[str]) -> RawDirectory:
         except (OSError, UnicodeDecodeError) as exc:
             errors[index_name] = str(exc)
     listed = tuple(n for n in listing if n.endswith(".safetensors"))
-    weight_map: dict[str, str] = {}
+    parsed = None
     if index_name is not None and index_text is not None:
-        weight_map, _, _ = _parse_index(index_name, index_text)
+        with gc_paused():
+            parsed = _parse_index(index_name, index_text)
     shards = tuple(read_raw_shard(directory / name)
-                   for name in shard_names_for(weight_map, listed)
+                   for name in shard_names_for(parsed[0] if parsed else None, listed)
                    if "/" not in name and name not in ("", ".", ".."))
-    return RawDirectory(str(directory), True, side, index_name, index_text, listed, shards, errors)
+    return RawDirectory(str(directory), True, side, index_name, index_text, listed, shards, errors, parsed)
 
 
 def inspect_files(path: str | os.PathLike[str]) -> ModelFiles:
@@ -469,6 +477,15 @@ import base64, json, os, struct, sys, zlib
 MAX_HEADER = MAX_HEADER_BYTES_VALUE
 SIDE = SIDE_FILES_VALUE
 path = sys.argv[1]
+def rchar():
+    try:
+        with open("/proc/self/io") as handle:
+            for line in handle:
+                if line.startswith("rchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+rchar_start = rchar()
 out = {"path": path, "is_directory": os.path.isdir(path), "side": {}, "errors": {},
        "index_name": None, "index_text": None, "listed": [], "shards": []}
 def err(exc):
@@ -524,6 +541,9 @@ if out["is_directory"]:
     except Exception:
         pass
     out["shards"] = [shard(n) for n in names if "/" not in n and n not in ("", ".", "..")]
+rchar_end = rchar()
+if rchar_start is not None and rchar_end is not None:
+    out["read_bytes"] = rchar_end - rchar_start
 data = json.dumps(out).encode("utf-8")
 sys.stdout.write("MARKER" + base64.b64encode(zlib.compress(data, 1)).decode("ascii") + "\n")
 '''
@@ -563,7 +583,8 @@ def decode_remote_output(host_name: str, stdout: str) -> RawDirectory:
             for entry in payload["shards"])
         return RawDirectory(
             payload["path"], payload["is_directory"], payload["side"], payload["index_name"],
-            payload["index_text"], tuple(payload["listed"]), shards, payload["errors"])
+            payload["index_text"], tuple(payload["listed"]), shards, payload["errors"],
+            reader_bytes_read=payload.get("read_bytes"))
     except (KeyError, TypeError, AttributeError) as exc:
         raise ProbeError(f"{host_name}: the model-directory report lacks {exc}") from None
 
@@ -578,7 +599,8 @@ def read_raw_directory_remote(host: Host, path: str, python: str = "python3",
     if result.returncode != 0:
         tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
         raise ProbeError(f"{host.name}: reading {path} failed (exit {result.returncode}): {tail}")
-    return decode_remote_output(host.name, result.stdout)
+    raw = decode_remote_output(host.name, result.stdout)
+    return replace(raw, report_bytes=len(result.stdout))
 
 
 def inspect_files_remote(host: Host, path: str, python: str = "python3") -> ModelFiles:
