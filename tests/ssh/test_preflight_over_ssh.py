@@ -186,10 +186,6 @@ def test_user_test_gets_a_connected_ssh_host(pytester: pytest.Pytester, sshd: Lo
     assert sshd.accepted_connections() - before == 1
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known defect in probe.py: VLLM_VERSION_SCRIPT's heredoc terminator is followed by '; true )' in its "
-    "section, so sh never ends the heredoc, exits 2 with a syntax error, and the vLLM version is never read"
-))
 def test_probe_script_runs_to_its_end_in_the_remote_shell(sshd: LoopbackSshd, loopback_host: SSHHost) -> None:
     with sshd.use_scenario("h200-idle"):
         result = loopback_host.run(build_probe_script())

