@@ -11,4 +11,5 @@ from __future__ import annotations
 
 pytest_plugins = [
     "pytest_gpuready.fixtures_host",
+    "pytest_gpuready.fixtures_model",
 ]
