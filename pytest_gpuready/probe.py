@@ -34,44 +34,66 @@ VLLM_VERSION_SCRIPT = (
 heredoc: a heredoc's terminator must stand alone on its line, which a one-section subshell breaks."""
 
 
-def _section(name: str, script: str) -> str:
-    """Run ``script`` in a subshell and print its output under a section header, then its exit code."""
-    return f"printf '\\n{SECTION_PREFIX}{name}\\n'; ( {script} ) 2>&1; printf '\\n@@rc %s\\n' \"$?\""
+def _job(name: str, script: str) -> str:
+    """Run ``script`` in the background; its output and exit code go to files named after the section."""
+    return f'( ( {script} ) >"$d/{name}" 2>&1; echo $? >"$d/{name}.rc" )'
+
+
+def _emit(name: str) -> str:
+    """Print a finished section under its header, then its exit code."""
+    return f"printf '\\n{SECTION_PREFIX}{name}\\n'; cat \"$d/{name}\"; printf '\\n@@rc %s\\n' \"$(cat \"$d/{name}.rc\")\""
 
 
 def build_probe_script(query_gpus_with_nvidia_smi: bool = True) -> str:
-    """The whole probe as one script. Exposed so users can see exactly what runs on their host."""
+    """The whole probe as one script. Exposed so users can see exactly what runs on their host.
+
+    The sections run concurrently (each nvidia-smi call costs ~20 ms and python3 ~20 ms), write to
+    a private temporary directory that the script removes on exit, and are printed in order.
+    """
     full = ",".join(gpu_readers.QUERY_GPU_FIELDS)
     legacy = ",".join(gpu_readers.QUERY_GPU_FIELDS_LEGACY)
     apps = ",".join(gpu_readers.QUERY_APPS_FIELDS)
-    parts = ["export LC_ALL=C", "HAVE_SMI=0; command -v nvidia-smi >/dev/null 2>&1 && HAVE_SMI=1"]
-    parts.append(_section("have-nvidia-smi", "echo $HAVE_SMI"))
+    jobs: list[tuple[str, ...]] = [("have-nvidia-smi",)]
+    lines = [
+        "export LC_ALL=C",
+        "HAVE_SMI=0; command -v nvidia-smi >/dev/null 2>&1 && HAVE_SMI=1",
+        "d=$(mktemp -d \"${TMPDIR:-/tmp}/gpuready.XXXXXX\") || { echo 'gpuready: mktemp -d failed' >&2; exit 70; }",
+        "trap 'rm -rf \"$d\"' EXIT",
+        _job("have-nvidia-smi", "echo $HAVE_SMI"),
+    ]
     if query_gpus_with_nvidia_smi:
-        parts.append(_section(
+        lines.append(_job(
             "gpus",
             "[ $HAVE_SMI = 1 ] || exit 127; "
             f'out=$(nvidia-smi --query-gpu={full} --format=csv,noheader,nounits 2>&1); rc=$?; '
             f'if [ $rc -ne 0 ] && printf "%s" "$out" | grep -qi "not a valid field"; then '
             f'echo "@@fields {legacy}"; nvidia-smi --query-gpu={legacy} --format=csv,noheader,nounits; '
             f'else echo "@@fields {full}"; printf "%s\\n" "$out"; exit $rc; fi',
-        ))
-        parts.append(_section(
+        ) + " &")
+        # the pids' liveness and command lines are read from the same answer, so it is one nvidia-smi call
+        lines.append("{ " + _job(
             "apps",
             f"[ $HAVE_SMI = 1 ] || exit 127; nvidia-smi --query-compute-apps={apps} --format=csv,noheader,nounits",
-        ))
-        parts.append(_section(
+        ) + "; " + _job(
             "alive",
-            "[ $HAVE_SMI = 1 ] || exit 0; nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null"
-            " | while read -r p; do [ -n \"$p\" ] && [ -d \"/proc/$p\" ] && "
-            "printf '%s\\t%s\\n' \"$p\" \"$(tr '\\000\\n\\t' '   ' < /proc/$p/cmdline 2>/dev/null)\"; done; true",
-        ))
-    parts.append(_section("topo", "[ $HAVE_SMI = 1 ] || exit 127; nvidia-smi topo -m"))
-    parts.append(_section("shm", SHM_LIST_SCRIPT))
-    parts.append(_section("shm-df", SHM_DF_SCRIPT))
-    parts.append(_section("shm-open", SHM_OPEN_SCRIPT + "; true"))
-    parts.append(_section("uid", "id -u"))
-    parts.append(_section("vllm", VLLM_VERSION_SCRIPT + "; true"))
-    return "\n".join(parts) + "\n"
+            "cut -d, -f1 \"$d/apps\" | while read -r p; do case $p in ''|*[!0-9]*) continue;; esac; "
+            "[ -d \"/proc/$p\" ] && printf '%s\\t%s\\n' \"$p\" "
+            "\"$(tr '\\000\\n\\t' '   ' < /proc/$p/cmdline 2>/dev/null)\"; done; true",
+        ) + "; } &")
+        jobs += [("gpus",), ("apps",), ("alive",)]
+    for name, script in (
+        ("topo", "[ $HAVE_SMI = 1 ] || exit 127; nvidia-smi topo -m"),
+        ("shm", SHM_LIST_SCRIPT),
+        ("shm-df", SHM_DF_SCRIPT),
+        ("shm-open", SHM_OPEN_SCRIPT + "; true"),
+        ("uid", "id -u"),
+        ("vllm", VLLM_VERSION_SCRIPT + "; true"),
+    ):
+        lines.append(_job(name, script) + " &")
+        jobs.append((name,))
+    lines.append("wait")
+    lines += [_emit(name) for (name,) in jobs]
+    return "\n".join(lines) + "\n"
 
 
 @dataclass(frozen=True)

@@ -118,11 +118,13 @@ def test_probe_script_is_plain_posix_sh() -> None:
     assert "bash" not in script
 
 
-def test_probe_script_runs_to_its_end_without_errors() -> None:
+def test_probe_script_runs_to_its_end_without_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
     result = LocalHost().run(build_probe_script())
     assert result.returncode == 0
     assert result.stderr == ""
     assert result.stdout.rstrip().endswith("@@rc 0")
+    assert list(tmp_path.iterdir()) == []  # its private temporary directory is gone
 
 
 def test_vllm_version_is_read_from_the_installed_distribution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
