@@ -41,7 +41,8 @@ def _job(name: str, script: str) -> str:
 
 def _emit(name: str) -> str:
     """Print a finished section under its header, then its exit code."""
-    return f"printf '\\n{SECTION_PREFIX}{name}\\n'; cat \"$d/{name}\"; printf '\\n@@rc %s\\n' \"$(cat \"$d/{name}.rc\")\""
+    header = f"printf '\\n{SECTION_PREFIX}{name}\\n'"
+    return f"{header}; cat \"$d/{name}\"; printf '\\n@@rc %s\\n' \"$(cat \"$d/{name}.rc\")\""
 
 
 def build_probe_script(query_gpus_with_nvidia_smi: bool = True) -> str:
