@@ -1,0 +1,482 @@
+"""Server options and fixtures: ``vllm_server`` (launch or attach) and ``benchmark_serving``.
+
+Loaded by :mod:`pytest_gpuready.plugin` (or ``-p pytest_gpuready.fixtures_server``).
+
+``vllm_server`` is a session-scoped factory: a launch can take minutes (13 for a 1T-parameter
+model), so a server is started once per distinct :class:`ServeSpec` and shared by every test
+that asks for the same spec. Asking for a spec whose GPUs overlap a running server's stops that
+server first (verified clean), since two servers cannot share GPUs. At the end of the session
+every server is stopped and verified; leftovers (processes, GPU memory, /dev/shm files) fail the
+teardown of the last test with the evidence. With ``--vllm-url`` nothing is launched or stopped:
+the factory attaches to the running server (a systemd unit, as in production).
+
+Safety net: Ctrl-C, an internal error or the end of the session stops every server this
+process started (``pytest_keyboard_interrupt`` / ``pytest_internalerror`` /
+``pytest_sessionfinish``), on top of the try/finally in :meth:`VLLMServer.start`.
+
+Measured figures go to the JUnit XML as properties of the test that measured them
+(``gpuready.*``) and, with ``--gpuready-json PATH``, into a JSON report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_gpuready import settings as s
+from pytest_gpuready.bench import BenchResult, run_benchmark
+from pytest_gpuready.deploy_config import Deployment, Throughput
+from pytest_gpuready.errors import ConfigError, GpuReadyError
+from pytest_gpuready.host_session import HOST_SESSION_KEY, HostSession
+from pytest_gpuready.hosts import Host, LocalHost
+from pytest_gpuready.serve_spec import DEFAULT_COMMAND, ServeSpec, spec_from_deployment
+from pytest_gpuready.server import ServerError, TeardownReport, VLLMServer, stop_all
+from pytest_gpuready.snapshot import HostSnapshot
+from pytest_gpuready.thresholds import (
+    check_latency,
+    check_no_failed_requests,
+    check_output_throughput,
+    check_weights_per_gpu,
+)
+from pytest_gpuready.verdict import Verdict
+
+
+def _parse_timeout(text: str) -> float:
+    value = s.parse_positive_float(text)
+    return value
+
+
+def _parse_url(text: str) -> str | None:
+    url = text.strip()
+    if not url:
+        return None
+    if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1].strip("/")) == 0:
+        raise ValueError("expected the server's base URL like http://10.0.0.7:8000")
+    return url.rstrip("/")
+
+
+def _parse_command(text: str) -> str:
+    import shlex
+
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(f"expected a command line like 'vllm serve' ({exc})") from None
+    if not words:
+        raise ValueError("expected a command line like 'vllm serve'")
+    return text.strip()
+
+
+VLLM_CMD = s.Setting(
+    "vllm_cmd", "--vllm-cmd", "GPUREADY_VLLM_CMD", "vllm_cmd",
+    "Command that launches vLLM before the model (default 'vllm serve'; model placed after 'serve', "
+    "else as --model, or at {model}), e.g. 'python -m vllm.entrypoints.openai.api_server'.",
+    _parse_command, DEFAULT_COMMAND, metavar="COMMAND",
+)
+VLLM_READY_TIMEOUT = s.Setting(
+    "vllm_ready_timeout", "--vllm-ready-timeout", "GPUREADY_VLLM_READY_TIMEOUT", "vllm_ready_timeout",
+    "Seconds a launched vLLM server may take to become ready (default 1800; a 1T model loads in ~13 min).",
+    _parse_timeout, 1800.0, metavar="SECONDS",
+)
+VLLM_URL = s.Setting(
+    "vllm_url", "--vllm-url", "GPUREADY_VLLM_URL", "vllm_url",
+    "Attach to an already running vLLM server at this URL instead of launching one (never stopped).",
+    _parse_url, None, metavar="URL",
+)
+GPUREADY_JSON = s.Setting(
+    "gpuready_json", "--gpuready-json", "GPUREADY_JSON", "gpuready_json",
+    "Write measured figures (server footprints, teardowns, benchmarks, thresholds) to this JSON file.",
+    s.parse_optional_str, None, metavar="PATH",
+)
+SERVER_SETTINGS: tuple[s.Setting[Any], ...] = (VLLM_CMD, VLLM_READY_TIMEOUT, VLLM_URL, GPUREADY_JSON)
+
+CURRENT_ITEM_KEY = pytest.StashKey[pytest.Item | None]()
+REPORT_KEY = pytest.StashKey[dict[str, list[dict[str, Any]]]]()
+POOL_KEY = pytest.StashKey["ServerPool"]()
+
+
+# ---------------------------------------------------------------- hooks
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    s.add_settings(parser, SERVER_SETTINGS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    s.resolve_all(config, SERVER_SETTINGS)
+    report: dict[str, list[dict[str, Any]]] = {"servers": [], "teardowns": [], "benchmarks": [], "checks": []}
+    config.stash[REPORT_KEY] = report
+    config.stash[CURRENT_ITEM_KEY] = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item) -> None:
+    """Remember the running test so session-scoped servers record their figures on it."""
+    item.config.stash[CURRENT_ITEM_KEY] = item
+
+
+def pytest_keyboard_interrupt() -> None:
+    stop_all("Ctrl-C")
+
+
+def pytest_internalerror() -> None:
+    stop_all("pytest internal error")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    stop_all("end of the pytest session")
+    path = GPUREADY_JSON.get(session.config)
+    report = session.config.stash.get(REPORT_KEY, None)
+    if path is not None and report is not None:
+        target = Path(session.config.invocation_params.dir, os.path.expanduser(path))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(report, indent=2, default=str) + "\n")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    url = VLLM_URL.get(config)
+    if url is not None:
+        return [f"gpuready: attaching to the vLLM server at {url} (--vllm-url; never stopped)"]
+    command = VLLM_CMD.get(config)
+    return [f"gpuready: vLLM launch command: {command}"] if command != DEFAULT_COMMAND else []
+
+
+# ---------------------------------------------------------------- recording
+
+def add_report_entry(config: pytest.Config, section: str, entry: Mapping[str, Any]) -> None:
+    """Add a measured figure to the JSON report (``--gpuready-json``), tagged with the current test."""
+    report = config.stash.get(REPORT_KEY, None)
+    if report is None:
+        return
+    item = config.stash.get(CURRENT_ITEM_KEY, None)
+    report.setdefault(section, []).append({"test": item.nodeid if item is not None else None, **entry})
+
+
+def record(config: pytest.Config, name: str, value: object) -> None:
+    """A JUnit property ``gpuready.NAME`` on the test that is running."""
+    item = config.stash.get(CURRENT_ITEM_KEY, None)
+    if item is not None:
+        item.user_properties.append((f"gpuready.{name}", value))
+
+
+def _terminal_writer(config: pytest.Config) -> Callable[[str], None]:
+    """Write progress lines to the terminal even while output is captured."""
+
+    def write(line: str) -> None:
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        capman = config.pluginmanager.get_plugin("capturemanager")
+        guard = capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
+        with guard:
+            reporter.write_line(f"gpuready: {line}")
+
+    return write
+
+
+# ---------------------------------------------------------------- the server pool
+
+def _overlaps(a: ServeSpec, b: ServeSpec) -> bool:
+    if a.gpus is None or b.gpus is None:
+        return True
+    return bool(set(a.gpus) & set(b.gpus))
+
+
+class ServerPool:
+    """The servers of this session, one per distinct spec; stopped and verified at the end."""
+
+    def __init__(self, config: pytest.Config, log_dir: Path) -> None:
+        self.config = config
+        self.log_dir = log_dir
+        self.servers: dict[ServeSpec, VLLMServer] = {}
+        self.failures: dict[ServeSpec, str] = {}
+        """Specs that failed to start: later requests fail at once instead of waiting again."""
+
+    @property
+    def host_session(self) -> HostSession | None:
+        return self.config.stash.get(HOST_SESSION_KEY, None)
+
+    def host(self) -> Host:
+        session = self.host_session
+        return session.host if session is not None else LocalHost()
+
+    def _snapshot_fn(self) -> Callable[[], HostSnapshot] | None:
+        session = self.host_session
+        if session is None:
+            return None
+        return lambda: session.snapshot(refresh=True)
+
+    def resolve(self, target: ServeSpec | Deployment | str) -> ServeSpec:
+        command = VLLM_CMD.get(self.config)
+        if isinstance(target, ServeSpec):
+            if target.command == DEFAULT_COMMAND and command != DEFAULT_COMMAND:
+                from dataclasses import replace
+
+                return replace(target, command=command)
+            return target
+        if isinstance(target, Deployment):
+            return spec_from_deployment(target, command=command)
+        if isinstance(target, str):
+            from pytest_gpuready.fixtures_model import SKIP_NO_DEPLOY_FILE, deploy_config_of
+
+            deploy = deploy_config_of(self.config)
+            if deploy is None:
+                pytest.skip(SKIP_NO_DEPLOY_FILE)
+            return spec_from_deployment(deploy.get(target), command=command)
+        raise ConfigError(f"vllm_server: expected a ServeSpec, a Deployment or a deployment name, got {target!r}")
+
+    def get(self, target: ServeSpec | Deployment | str, ready_timeout_s: float | None = None) -> VLLMServer:
+        spec = self.resolve(target)
+        if spec in self.failures:
+            raise ServerError(f"{self.failures[spec]}\n(this server already failed to start earlier in the session)")
+        existing = self.servers.get(spec)
+        if existing is not None and (existing.is_attached or existing.running):
+            return existing
+        url = VLLM_URL.get(self.config)
+        timeout = ready_timeout_s if ready_timeout_s is not None else VLLM_READY_TIMEOUT.get(self.config)
+        progress = _terminal_writer(self.config)
+        if url is not None:
+            server = VLLMServer.attach(url, spec, self.host(), snapshot=self._snapshot_fn(),
+                                       progress=progress, ready_timeout_s=timeout)
+        else:
+            for other_spec, other in list(self.servers.items()):
+                if other.running and _overlaps(spec, other_spec):
+                    self.stop(other_spec, fail=True)
+            server = VLLMServer(spec, self.host(), ready_timeout_s=timeout, log_dir=self.log_dir,
+                                progress=progress, snapshot=self._snapshot_fn())
+        self.servers[spec] = server
+        try:
+            server.start()
+        except GpuReadyError as exc:
+            self.failures[spec] = str(exc).split("\n", 1)[0]
+            raise
+        finally:
+            self._invalidate()
+        self._record_start(server)
+        return server
+
+    def _invalidate(self) -> None:
+        session = self.host_session
+        if session is not None:
+            session.invalidate()
+
+    def _record_start(self, server: VLLMServer) -> None:
+        assert server.ready is not None
+        assert server.footprint is not None
+        footprint = server.footprint
+        record(self.config, "server", server.describe())
+        record(self.config, "server_url", server.url)
+        record(self.config, "server_startup_s", round(server.ready.startup_s, 1))
+        record(self.config, "hardware", footprint.hardware)
+        if footprint.log.weights_gib:
+            record(self.config, "weights_gib_per_rank", "/".join(f"{g:g}" for g in footprint.log.weights_gib))
+        if footprint.log.available_kv_cache_gib:
+            record(self.config, "kv_cache_gib", "/".join(f"{g:g}" for g in footprint.log.available_kv_cache_gib))
+        if footprint.log.kv_cache_tokens is not None:
+            record(self.config, "kv_cache_tokens", footprint.log.kv_cache_tokens)
+        if footprint.log.max_concurrency is not None:
+            record(self.config, "max_concurrency", footprint.log.max_concurrency)
+        if footprint.gpu_memory_mib is not None:
+            record(self.config, "gpu_memory_mib",
+                   " ".join(f"{i}:{m}" for i, m in sorted(footprint.gpu_memory_mib.items())))
+        add_report_entry(self.config, "servers", {
+            "spec": server.spec.to_dict(), "url": server.url, "attached": server.is_attached,
+            "startup_s": server.ready.startup_s, "vllm_version": server.ready.vllm_version,
+            "footprint": footprint.to_dict(),
+        })
+
+    def stop(self, spec: ServeSpec, *, fail: bool) -> TeardownReport | None:
+        server = self.servers.get(spec)
+        if server is None:
+            return None
+        try:
+            report = server.stop()
+        finally:
+            self._invalidate()
+        if not server.is_attached:
+            record(self.config, "teardown_s", round(report.duration_s, 2))
+            add_report_entry(self.config, "teardowns", {"server": server.describe(), **report.to_dict()})
+        if fail and not report.ok:
+            pytest.fail(report.message, pytrace=False)
+        return report
+
+    def stop_all(self) -> list[TeardownReport]:
+        reports = []
+        for spec in list(self.servers):
+            report = self.stop(spec, fail=False)
+            if report is not None:
+                reports.append(report)
+        return reports
+
+
+class ServerFactory:
+    """What the ``vllm_server`` fixture returns: call it with a spec, a Deployment or a deployment name."""
+
+    def __init__(self, pool: ServerPool) -> None:
+        self._pool = pool
+
+    def __call__(self, target: ServeSpec | Deployment | str, *, ready_timeout_s: float | None = None) -> VLLMServer:
+        """The ready server for ``target``: launched on first use (or attached with --vllm-url), then shared."""
+        __tracebackhide__ = True
+        failure: str | None = None
+        try:
+            return self._pool.get(target, ready_timeout_s)
+        except (ServerError, GpuReadyError) as exc:
+            failure = str(exc)
+        pytest.fail(failure, pytrace=False)
+
+    def stop(self, target: ServeSpec | Deployment | str | VLLMServer) -> TeardownReport | None:
+        """Stop a server now and verify it left nothing (fails the test if it did)."""
+        __tracebackhide__ = True
+        spec = target.spec if isinstance(target, VLLMServer) else self._pool.resolve(target)
+        return self._pool.stop(spec, fail=True)
+
+    @property
+    def servers(self) -> list[VLLMServer]:
+        return list(self._pool.servers.values())
+
+    def expect_weights_per_gpu(self, server: VLLMServer, min_gib: float | None = None,
+                               max_gib: float | None = None) -> Verdict:
+        """Fail unless each rank's weights (vLLM's ``Model loading took X GiB``) lie within [min_gib, max_gib]."""
+        __tracebackhide__ = True
+        config = self._pool.config
+        weights = server.footprint.log.weights_gib if server.footprint is not None else ()
+        verdict = check_weights_per_gpu(weights, min_gib, max_gib, _context(server))
+        record(config, "check.weights_per_gpu", verdict.summary)
+        add_report_entry(config, "checks", {"name": "weights_per_gpu", "ok": verdict.ok,
+                                            "summary": verdict.summary, "evidence": dict(verdict.evidence)})
+        if not verdict.ok:
+            pytest.fail(verdict.message, pytrace=False)
+        return verdict
+
+
+@pytest.fixture(scope="session")
+def vllm_server(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
+    """Factory of ready vLLM servers: ``server = vllm_server(ServeSpec(...) | deployment | "name")``.
+
+    Servers are shared for the whole session (one per spec) and stopped, then verified clean,
+    at its end; ``vllm_server.stop(server)`` stops one earlier. With ``--vllm-url`` it attaches.
+    """
+    pool = ServerPool(pytestconfig, tmp_path_factory.mktemp("vllm-logs"))
+    pytestconfig.stash[POOL_KEY] = pool
+    yield ServerFactory(pool)
+    reports = pool.stop_all()
+    bad = [r for r in reports if not r.ok]
+    if bad:
+        pytest.fail("\n".join(r.message for r in bad), pytrace=False)
+
+
+# ---------------------------------------------------------------- benchmarks
+
+def _context(server: VLLMServer) -> str:
+    """``MiniMax-M2.5, TP=4, 4x RTX PRO 6000``: what every threshold message ends with."""
+    hardware = server.footprint.hardware if server.footprint is not None else "no GPU"
+    return f"{server.describe()}, {hardware}"
+
+
+class ServingBenchmark:
+    """A benchmark's result and the threshold assertions on it (each fails the test with the evidence)."""
+
+    def __init__(self, result: BenchResult, server: VLLMServer, config: pytest.Config) -> None:
+        self.result = result
+        self.server = server
+        self.context = _context(server)
+        self._config = config
+
+    def _expect(self, verdict: Verdict, name: str) -> Verdict:
+        __tracebackhide__ = True
+        record(self._config, f"check.{name}", verdict.summary)
+        add_report_entry(self._config, "checks", {"name": name, "ok": verdict.ok, "summary": verdict.summary,
+                                                  "evidence": dict(verdict.evidence)})
+        if not verdict.ok:
+            pytest.fail(verdict.message, pytrace=False)
+        return verdict
+
+    def expect_output_throughput(self, concurrency: int, min_tok_s: float) -> Verdict:
+        """At least ``min_tok_s`` output tokens/s at ``concurrency`` streams."""
+        __tracebackhide__ = True
+        return self._expect(check_output_throughput(self.result, concurrency, min_tok_s, self.context),
+                            f"output_throughput_c{concurrency}")
+
+    def expect_latency(self, concurrency: int, metric: str, max_ms: float, stat: str = "p99") -> Verdict:
+        """``stat`` of ``metric`` (ttft, tpot, itl, e2el) at most ``max_ms`` at ``concurrency`` streams."""
+        __tracebackhide__ = True
+        return self._expect(check_latency(self.result, concurrency, metric, max_ms, self.context, stat),
+                            f"{stat}_{metric}_c{concurrency}")
+
+    def expect_no_failed_requests(self) -> Verdict:
+        __tracebackhide__ = True
+        return self._expect(check_no_failed_requests(self.result, self.context), "no_failed_requests")
+
+    def expect_thresholds(self, thresholds: Sequence[Throughput]) -> list[Verdict]:
+        """Every deploy-file ``expect.throughput`` entry measured here (throughput and p99 latencies)."""
+        __tracebackhide__ = True
+        verdicts = []
+        for threshold in thresholds:
+            verdicts.append(self.expect_output_throughput(threshold.concurrency, threshold.min_output_tok_s))
+            if threshold.max_p99_ttft_ms is not None:
+                verdicts.append(self.expect_latency(threshold.concurrency, "ttft", threshold.max_p99_ttft_ms))
+            if threshold.max_p99_tpot_ms is not None:
+                verdicts.append(self.expect_latency(threshold.concurrency, "tpot", threshold.max_p99_tpot_ms))
+        return verdicts
+
+
+BenchmarkServing = Callable[..., ServingBenchmark]
+
+
+@pytest.fixture
+def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
+    """Run :func:`run_benchmark` against a server: ``bench = benchmark_serving(server, concurrency=[1, 64])``.
+
+    Returns a :class:`ServingBenchmark` with ``expect_output_throughput`` / ``expect_latency`` /
+    ``expect_thresholds``; the figures are recorded as JUnit properties and in the JSON report.
+    Failed requests fail the test unless ``allow_failed_requests=True``.
+    """
+
+    def run(server: VLLMServer, concurrency: Sequence[int] | int = (1, 8, 64), *,
+            allow_failed_requests: bool = False, **kwargs: Any) -> ServingBenchmark:
+        __tracebackhide__ = True
+        failure: str | None = None
+        try:
+            result = run_benchmark(server.url, server.model_name, concurrency, **kwargs)
+        except (GpuReadyError, ValueError) as exc:
+            failure = f"benchmark of {_context(server)} could not measure: {exc}"
+        if failure is not None:
+            pytest.fail(failure, pytrace=False)
+        for level in result.levels:
+            prefix = f"bench.c{level.concurrency}"
+            record(pytestconfig, f"{prefix}.output_tok_s", round(level.output_throughput, 2))
+            record(pytestconfig, f"{prefix}.total_tok_s", round(level.total_token_throughput, 2))
+            record(pytestconfig, f"{prefix}.req_s", round(level.request_throughput, 3))
+            record(pytestconfig, f"{prefix}.mean_ttft_ms", round(level.ttft.mean_ms, 2))
+            record(pytestconfig, f"{prefix}.p99_ttft_ms", round(level.ttft.p99_ms, 2))
+            record(pytestconfig, f"{prefix}.mean_tpot_ms", round(level.tpot.mean_ms, 3))
+            record(pytestconfig, f"{prefix}.failed", level.failed)
+        add_report_entry(pytestconfig, "benchmarks", {"server": server.describe(), "context": _context(server),
+                                                      **result.to_dict()})
+        _terminal_writer(pytestconfig)("\n" + result.table())
+        measured = ServingBenchmark(result, server, pytestconfig)
+        if not allow_failed_requests:
+            measured.expect_no_failed_requests()
+        return measured
+
+    return run
+
+
+__all__ = [
+    "GPUREADY_JSON",
+    "SERVER_SETTINGS",
+    "VLLM_CMD",
+    "VLLM_READY_TIMEOUT",
+    "VLLM_URL",
+    "ServerFactory",
+    "ServerPool",
+    "ServingBenchmark",
+    "add_report_entry",
+    "record",
+]
