@@ -384,53 +384,80 @@ def memory_fit_verdict(request: pytest.FixtureRequest, model: ModelSpec, *, tp: 
 
 @pytest.fixture(autouse=True)
 def _gpuready_model_markers(request: pytest.FixtureRequest) -> None:
-    """Apply the model markers in setup; unmarked tests cost nothing (no model read, no probe)."""
+    """Apply the model markers in setup; unmarked tests cost nothing (no model read, no probe).
+
+    Every marker's arguments are checked before the model is read, so a typo is reported as such
+    even when no model is configured.
+    """
     __tracebackhide__ = True
     node = request.node
     names = ("deployment", "fp8_block_alignment", "mla_kv_backend_supported", "memory_fit")
     if not any(node.get_closest_marker(n) for n in names):
         return
+    fp8 = _fp8_marker_args(node.get_closest_marker("fp8_block_alignment"))
+    mla = _mla_marker_args(node.get_closest_marker("mla_kv_backend_supported"))
+    memory = _memory_marker_args(node.get_closest_marker("memory_fit"))
     model: ModelSpec = request.getfixturevalue("model_spec")
     if node.get_closest_marker("deployment") is not None:
         run_static_checks(request, model, request.getfixturevalue("deployment"))
-    marker = node.get_closest_marker("fp8_block_alignment")
-    if marker is not None:
-        kwargs = marker_kwargs(marker)
-        tp = _tp(marker.name, kwargs)
-        ep = kwargs.get("ep", False)
-        if not isinstance(ep, bool):
-            _bad_marker(marker.name, "ep", ep, "True or False")
-        version = resolve_vllm_version(request, None, _marker_version(marker.name, kwargs.get("vllm_version")))
+    if fp8 is not None:
+        tp, ep, override = fp8
+        version = resolve_vllm_version(request, None, override)
         expect(check_fp8_block_alignment(model, tp, ep, version), node, "fp8_block_alignment")
-    marker = node.get_closest_marker("mla_kv_backend_supported")
-    if marker is not None:
-        kwargs = marker_kwargs(marker)
-        kv = _kv_dtype(marker.name, kwargs.get("kv_cache_dtype", "auto"))
-        arch_arg = kwargs.get("gpu_arch")
-        override = None
-        if arch_arg is not None:
-            try:
-                override = parse_gpu_arch(str(arch_arg))
-            except ValueError:
-                _bad_marker(marker.name, "gpu_arch", arch_arg, "sm90, sm100, sm120 or '12.0'")
-        version = resolve_vllm_version(request, None, _marker_version(marker.name, kwargs.get("vllm_version")))
-        arch = resolve_gpu_arch(request, None, override) if model.is_mla else None
+    if mla is not None:
+        kv, arch_override, version_override = mla
+        version = resolve_vllm_version(request, None, version_override)
+        arch = resolve_gpu_arch(request, None, arch_override) if model.is_mla else None
         expect(check_mla_kv_backend(model, arch, kv, version), node, "mla_kv_backend")
-    marker = node.get_closest_marker("memory_fit")
-    if marker is not None:
-        kwargs = marker_kwargs(marker)
-        kwargs["tp"] = _tp(marker.name, kwargs)
-        kwargs["kv_cache_dtype"] = _kv_dtype(marker.name, kwargs.get("kv_cache_dtype", "auto"))
-        gpus = kwargs.get("gpus")
-        if gpus is not None and not (isinstance(gpus, (list, tuple))
-                                     and all(isinstance(g, int) and not isinstance(g, bool) for g in gpus)):
-            _bad_marker(marker.name, "gpus", gpus, "a list of GPU indexes like [0, 1, 2, 3]")
+    if memory is not None:
         try:
-            verdict = memory_fit_verdict(request, model, **kwargs)
+            verdict = memory_fit_verdict(request, model, **memory)
         except (TypeError, ValueError) as exc:
-            _bad_marker(marker.name, "arguments", kwargs, str(exc))
+            _bad_marker("memory_fit", "arguments", memory, str(exc))
             raise
         expect(verdict, node, "memory_fit")
+
+
+def _fp8_marker_args(marker: pytest.Mark | None) -> tuple[int, bool, VllmVersion | None] | None:
+    __tracebackhide__ = True
+    if marker is None:
+        return None
+    kwargs = marker_kwargs(marker)
+    tp = _tp(marker.name, kwargs)
+    ep = kwargs.get("ep", False)
+    if not isinstance(ep, bool):
+        _bad_marker(marker.name, "ep", ep, "True or False")
+    return tp, bool(ep), _marker_version(marker.name, kwargs.get("vllm_version"))
+
+
+def _mla_marker_args(marker: pytest.Mark | None) -> tuple[str, tuple[int, int] | None, VllmVersion | None] | None:
+    __tracebackhide__ = True
+    if marker is None:
+        return None
+    kwargs = marker_kwargs(marker)
+    kv = _kv_dtype(marker.name, kwargs.get("kv_cache_dtype", "auto"))
+    arch_arg = kwargs.get("gpu_arch")
+    override = None
+    if arch_arg is not None:
+        try:
+            override = parse_gpu_arch(str(arch_arg))
+        except ValueError:
+            _bad_marker(marker.name, "gpu_arch", arch_arg, "sm90, sm100, sm120 or '12.0'")
+    return kv, override, _marker_version(marker.name, kwargs.get("vllm_version"))
+
+
+def _memory_marker_args(marker: pytest.Mark | None) -> dict[str, Any] | None:
+    __tracebackhide__ = True
+    if marker is None:
+        return None
+    kwargs = marker_kwargs(marker)
+    kwargs["tp"] = _tp(marker.name, kwargs)
+    kwargs["kv_cache_dtype"] = _kv_dtype(marker.name, kwargs.get("kv_cache_dtype", "auto"))
+    gpus = kwargs.get("gpus")
+    if gpus is not None and not (isinstance(gpus, (list, tuple))
+                                 and all(isinstance(g, int) and not isinstance(g, bool) for g in gpus)):
+        _bad_marker(marker.name, "gpus", gpus, "a list of GPU indexes like [0, 1, 2, 3]")
+    return kwargs
 
 
 __all__ = [

@@ -227,10 +227,8 @@ def _parse_shard(raw: RawShard) -> tuple[ShardHeader, list[str]]:
     if 8 + raw.header_len > raw.file_size:
         raise _fail(name, f"header length {raw.header_len} is larger than the file "
                           f"({raw.file_size} bytes): truncated download or not a safetensors file")
-    if raw.header is None:
-        raise _fail(name, "header was not read")
     try:
-        header = json.loads(raw.header)
+        header = json.loads(raw.header or b"")
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise _fail(name, f"header is not valid JSON ({exc})") from None
     if not isinstance(header, dict):
@@ -289,7 +287,7 @@ def _parse_shard(raw: RawShard) -> tuple[ShardHeader, list[str]]:
             f"(8 + {raw.header_len} header + {data_size} data): "
             f"{raw.file_size - expected} unexpected trailing bytes")
     shard = ShardHeader(name, raw.file_size, raw.header_len, data_size, sizes,
-                        {str(k): str(v) for k, v in metadata.items()}, by_dtype, numel_total, raw.header)
+                        {str(k): str(v) for k, v in metadata.items()}, by_dtype, numel_total, raw.header or b"")
     return shard, problems
 
 

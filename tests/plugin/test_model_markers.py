@@ -456,3 +456,92 @@ def test_memory_fit_marker(pytester: pytest.Pytester, standin: Standin, sparse_m
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["MiniMax-M2.5 at TP=4: To serve at least one request with the models's max seq "
                                  "len (2000000), *"])
+
+
+def test_deployment_fixture_without_a_name(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(deployment): pass")
+    result = pytester.runpytest(*PLUGIN, "--gpuready-config", str(EXAMPLE))
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["the deployment fixture needs @pytest.mark.deployment(name)"])
+
+
+@pytest.mark.parametrize(("marker", "message"), [
+    ("fp8_block_alignment(8, tp=8)", "@pytest.mark.fp8_block_alignment: tp given twice"),
+    ("model(42)\n        @pytest.mark.fp8_block_alignment(tp=1)", "@pytest.mark.model: path=42; expected a model "
+                                                                  "directory path"),
+    ("memory_fit(tp=4, gpu_memory_utilization=1.5)",
+     "@pytest.mark.memory_fit: arguments={*}; expected gpu_memory_utilization must be in (0, 1], got 1.5"),
+])
+def test_more_bad_marker_arguments(pytester: pytest.Pytester, models: Path, standin: Standin, marker: str,
+                                   message: str) -> None:
+    standin("rtx8-clean")
+    write_checkpoint(pytester.path / "tiny", minimax_m2_tensors(layers=1, experts=2), shards=1,
+                     config=json.loads((CONFIGS / "MiniMaxAI__MiniMax-M2.5.json").read_text()))
+    pytester.makepyfile(f"""
+        import pytest
+
+        pytestmark = pytest.mark.model("tiny")
+
+        @pytest.mark.{marker}
+        def test_x():
+            pass
+    """)
+    result = pytester.runpytest(*PLUGIN)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines([message])
+
+
+def test_gpus_without_a_reported_architecture(pytester: pytest.Pytester, models: Path, standin: Standin) -> None:
+    standin("legacy-driver")  # an old driver: no compute_cap field
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.model("models/Kimi-K2.5-NVFP4")
+        @pytest.mark.mla_kv_backend_supported
+        def test_x():
+            pass
+    """)
+    result = pytester.runpytest(*PLUGIN)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["local: the GPUs' compute capability was not reported; pass --gpu-arch SM"])
+
+
+def test_gpus_of_mixed_architectures(pytester: pytest.Pytester, models: Path, standin: Standin,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A box with an H200 and an RTX PRO 6000: rows from the two real captures, in one scenario."""
+    scenarios = Path(__file__).parent.parent / "standin" / "scenarios"
+    mixed = pytester.path / "mixed-scenario"
+    mixed.mkdir()
+    h200 = (scenarios / "h200-idle" / "query-gpu.csv").read_text().splitlines()
+    rtx = [line for line in (scenarios / "rtx8-clean" / "query-gpu.csv").read_text().splitlines()
+           if not line.startswith("#")]
+    (mixed / "query-gpu.csv").write_text("\n".join([*h200, rtx[1].replace("1, GPU-", "1, GPU-", 1)]) + "\n")
+    (mixed / "topo.txt").write_text((scenarios / "h200-idle" / "topo.txt").read_text())
+    standin("h200-idle")
+    monkeypatch.setenv("GPUREADY_STANDIN_SCENARIO", str(mixed))
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.model("models/Kimi-K2.5-NVFP4")
+        @pytest.mark.mla_kv_backend_supported
+        def test_x():
+            pass
+    """)
+    result = pytester.runpytest(*PLUGIN)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["local: the GPUs mix architectures (SM120, SM90); pass --gpu-arch SM or select "
+                                 "GPUs of one kind"])
+
+
+def test_a_marker_typo_is_reported_even_without_a_model(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.fp8_block_alignment(tp=8, epp=True)
+        def test_x():
+            pass
+    """)
+    result = pytester.runpytest(*PLUGIN)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["@pytest.mark.fp8_block_alignment: unexpected argument epp=; expected tp, ep, "
+                                 "vllm_version"])

@@ -154,6 +154,14 @@ def test_human_readable_max_model_len(tmp_path: Path) -> None:
      "deployment 'tiny': key 'expect.weights_per_gpu_gib': expected {min: GiB, max: GiB} or [min, max], got 55"),
     (MINIMAL + "  - name: tiny\n    model: x\n    tp: 1\n",
      "deployment name 'tiny' is used twice; expected unique names"),
+    (MINIMAL.replace("tp: 2", "tp: 2\n    description: [a]"),
+     "deployment 'tiny': key 'description': expected a string, got ['a']"),
+    (MINIMAL.replace("tp: 2", "tp: 2\n    expect: {throughput: {concurrency: 1}}"),
+     "deployment 'tiny': key 'expect.throughput': expected a list of {concurrency, min_output_tok_s} thresholds, "
+     "got {'concurrency': 1}"),
+    (MINIMAL.replace("tp: 2", "tp: 2\n    expect: {throughput: [80]}"),
+     "deployment 'tiny': key 'expect.throughput[0]': expected a mapping like {concurrency: 1, min_output_tok_s: "
+     "80}, got 80"),
     ("deployments: []\n", "key 'deployments': expected a non-empty list of deployments, got []"),
     ("defaults: {}\n", "key 'deployments' is missing; expected a list of deployments"),
     ("- a\n- b\n", "key 'deployments': expected a mapping with a 'deployments' list at the top, got ['a', 'b']"),
@@ -184,3 +192,9 @@ def test_unknown_deployment_name(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         config.get("huge")
     assert str(info.value) == f"{tmp_path / 'deploy.yaml'}: no deployment named 'huge'; the file has tiny"
+
+
+def test_deploy_file_that_cannot_be_read(tmp_path: Path) -> None:
+    (tmp_path / "deploy.yaml").mkdir()
+    with pytest.raises(ConfigError, match=r"deploy.yaml: cannot be read: \[Errno 21\] Is a directory"):
+        load_deploy_config(tmp_path / "deploy.yaml")

@@ -501,3 +501,41 @@ def test_h200_reserved_memory_is_not_cuda_total() -> None:
     gpu: GpuInfo = h200().require_gpus()[0]
     assert gpu.memory_reserved_mib == 616
     assert gpu.memory_free_mib == 143771 - 616
+
+
+def test_fp8_partitions_that_do_not_divide_at_all() -> None:
+    verdict = check_fp8_block_alignment(MINIMAX, 5, vllm_version="0.17.0")
+    assert not verdict.ok
+    assert verdict.summary == "MiniMax-M2.5 does not load at TP=5: 8192 is not divisible by 5"
+    assert ("layer: mlp.experts (routed experts, intermediate_size=1536), layers 0-61: 1536 over 5, block "
+            "[128, 128]: 1536 is not divisible by the MoE TP size 5") in verdict.details
+
+
+def test_down_projection_of_experts_checked_against_block_k() -> None:
+    assert MINIMAX.quantization is not None
+    narrow_n = replace(MINIMAX, quantization=replace(MINIMAX.quantization, weight_block_size=(64, 128)))
+    verdict = check_fp8_block_alignment(narrow_n, 8, vllm_version="0.17.0")
+    assert verdict.summary == ("MiniMax-M2.5 does not load at TP=8: The input_size of down's weight = 192 is not "
+                               "divisible by weight quantization block_k = 128.")
+
+
+def test_no_mla_backend_anywhere() -> None:
+    sparse = replace(DEEPSEEK, index_topk=2048)
+    verdict = check_mla_kv_backend(sparse, "sm80", "bfloat16", "0.33.0")
+    assert not verdict.ok
+    assert verdict.details[-1] == ("what would work: no KV-cache dtype or vLLM version has an MLA backend for "
+                                   "this GPU")
+
+
+def test_a_newer_vllm_would_work() -> None:
+    sparse = replace(DEEPSEEK, index_topk=2048)
+    verdict = check_mla_kv_backend(sparse, "sm120", "fp8", "0.22.0")
+    assert not verdict.ok
+    assert verdict.details[-1] == "what would work: a newer vLLM (FLASHINFER_MLA_SPARSE_SM120)"
+
+
+def test_memory_fit_needs_a_length(minimax_weights: ModelSpec) -> None:
+    no_length = replace(minimax_weights, max_position_embeddings=None)
+    verdict = check_memory_fit(no_length, rtx(), 4)
+    assert verdict.summary == ("MiniMax-M2.5: max_model_len is not given and the config has no "
+                               "max_position_embeddings; pass max_model_len")

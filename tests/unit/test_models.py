@@ -302,3 +302,19 @@ def test_unreadable_config(tmp_path: Path) -> None:
         inspect_model(tmp_path)
     assert str(info.value) == f"{tmp_path}/config.json: cannot be read: [Errno 21] Is a directory: " \
                               f"'{tmp_path / 'config.json'}'"
+
+
+def test_compressed_tensors_groups_not_an_object() -> None:
+    config = public(LLAMA) | {"quantization_config": {"quant_method": "compressed-tensors", "config_groups": [1]}}
+    with pytest.raises(ConfigError) as info:
+        model_spec_from_config(config)
+    assert str(info.value) == ("config.json: key 'quantization_config.config_groups' is not an object; expected "
+                               "group name -> scheme")
+
+
+def test_hf_quant_config_json_not_an_object(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(tiny_config()))
+    (tmp_path / "hf_quant_config.json").write_text("[]")
+    with pytest.raises(ConfigError) as info:
+        inspect_model(tmp_path)
+    assert str(info.value) == f"{tmp_path}/hf_quant_config.json: expected a JSON object"

@@ -244,3 +244,45 @@ def test_garbled_remote_report() -> None:
         decode_remote_output("gpu-box", "Welcome to Ubuntu\n")
     with pytest.raises(ProbeError, match=r"^gpu-box: the model-directory report is garbled"):
         decode_remote_output("gpu-box", "GPUREADY-MODELDIR-1:not-base64!!\n")
+
+
+def test_shard_that_cannot_be_read(checkpoint: Path) -> None:
+    (checkpoint / NAMES[0]).unlink()
+    (checkpoint / NAMES[0]).mkdir()  # unreadable as a file, even for root
+    (problem,) = inspect_files(checkpoint).problems
+    assert problem == f"{NAMES[0]}: cannot be read: Is a directory"
+
+
+def test_index_that_cannot_be_read(checkpoint: Path) -> None:
+    (checkpoint / "model.safetensors.index.json").unlink()
+    (checkpoint / "model.safetensors.index.json").mkdir()
+    problems = inspect_files(checkpoint).problems
+    assert problems[0].startswith("model.safetensors.index.json: cannot be read: [Errno 21] Is a directory")
+
+
+def test_metadata_that_is_not_an_object() -> None:
+    raw = b'{"__metadata__": [1]}'
+    _, problems = parse_shard(RawShard("x.safetensors", 8 + len(raw), len(raw), raw))
+    assert problems == ["x.safetensors: header __metadata__ is not an object of strings"]
+
+
+def test_many_bad_tensors_are_summarised() -> None:
+    header = {f"t{i}": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 1]} for i in range(6)}
+    raw = json.dumps(header).encode()
+    _, problems = parse_shard(RawShard("x.safetensors", 8 + len(raw), len(raw), raw))
+    assert problems[:3] == [f"x.safetensors: tensor 't{i}': unknown dtype 'Q9'" for i in range(3)]
+    assert problems[3:] == ["x.safetensors: 3 further tensor problems not listed"]
+
+
+def test_remote_reader_that_fails(tmp_path: Path) -> None:
+    with pytest.raises(ProbeError, match=rf"^local: reading {tmp_path} failed \(exit 1\): no output$"):
+        read_raw_directory_remote(LocalHost(), str(tmp_path), python="false")
+
+
+def test_remote_report_missing_keys() -> None:
+    import base64
+    import zlib
+
+    encoded = base64.b64encode(zlib.compress(b'{"path": "/m"}')).decode()
+    with pytest.raises(ProbeError, match=r"^gpu-box: the model-directory report lacks 'shards'$"):
+        decode_remote_output("gpu-box", f"GPUREADY-MODELDIR-1:{encoded}\n")
