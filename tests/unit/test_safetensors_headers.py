@@ -286,3 +286,16 @@ def test_remote_report_missing_keys() -> None:
     encoded = base64.b64encode(zlib.compress(b'{"path": "/m"}')).decode()
     with pytest.raises(ProbeError, match=r"^gpu-box: the model-directory report lacks 'shards'$"):
         decode_remote_output("gpu-box", f"GPUREADY-MODELDIR-1:{encoded}\n")
+
+
+def test_builder_faults_truncated_and_oversized_header_length(tmp_path: Path) -> None:
+    directory = tmp_path / "faulty"
+    directory.mkdir()
+    tensors = small_tensors()
+    (directory / "config.json").write_text("{}")
+    write_shard(directory / "a.safetensors", tensors[:3], size_delta=-1000)
+    size = write_shard(directory / "b.safetensors", tensors[3:], header_len_override=10**9)
+    problems = inspect_files(directory).problems
+    assert problems[0].endswith("truncated download, 1000 bytes missing")
+    assert problems[1] == (f"b.safetensors: header length {10**9} is larger than the file ({size} bytes): "
+                           "truncated download or not a safetensors file")
