@@ -1,6 +1,6 @@
 """Fixtures of the ssh test tier: a real loopback OpenSSH server and hosts connected to it.
 
-A plugin module (listed in ``pytest_plugins`` of tests/conftest.py as ``tests.conftest_ssh``) so
+A plugin module (listed in ``pytest_plugins`` of the root conftest.py as ``tests.conftest_ssh``) so
 that any test directory can ask for ``loopback_sshd``. The server is started once per session;
 tests that need it without it being installed are skipped with the install command as the reason,
 while CI installs ``openssh-server`` so that there the tier always runs.
