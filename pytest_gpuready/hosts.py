@@ -12,6 +12,7 @@ later command a cheap round trip instead of a new TCP + key exchange.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -19,6 +20,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -241,6 +243,7 @@ class SSHHost:
     is_local: bool = field(default=False, init=False)
     commands_run: int = field(default=0, init=False)
     _control_dir: str | None = field(default=None, init=False, repr=False)
+    _cleanup: weakref.finalize[[str, str, str], SSHHost] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         for option in self.ssh_options:
@@ -280,6 +283,9 @@ class SSHHost:
                 os.rmdir(control_dir)
                 control_dir = tempfile.mkdtemp(prefix="gpuready-ssh-", dir="/tmp")
             self._control_dir = control_dir
+            # Also when close() is never called (a host dropped, an interrupted session): at garbage
+            # collection or interpreter exit the master is stopped and the directory removed.
+            self._cleanup = weakref.finalize(self, _stop_master, self.ssh_binary, control_dir, self.spec.target)
         return f"{self._control_dir}/{_CONTROL_SOCKET_NAME}"
 
     def ssh_argv(self) -> list[str]:
@@ -327,14 +333,21 @@ class SSHHost:
 
     def close(self) -> None:
         """Stop the master connection and remove its socket directory."""
-        if self._control_dir is None:
-            return
-        subprocess.run(
-            [*self.ssh_argv()[:-1], "-O", "exit", self.spec.target],
-            capture_output=True, timeout=self.connect_timeout + 5, check=False,
-        )
-        shutil.rmtree(self._control_dir, ignore_errors=True)
+        if self._cleanup is not None:
+            self._cleanup()  # runs once; a later close() or garbage collection does nothing
+        self._cleanup = None
         self._control_dir = None
+
+
+def _stop_master(ssh_binary: str, control_dir: str, target: str) -> None:
+    """Ask the master listening in ``control_dir`` to exit (if one does), then remove the directory."""
+    socket_path = f"{control_dir}/{_CONTROL_SOCKET_NAME}"
+    # On failure the directory still goes; an orphaned master exits after ControlPersist.
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        if os.path.exists(socket_path):
+            subprocess.run([ssh_binary, "-o", f"ControlPath={socket_path}", "-O", "exit", target],
+                           capture_output=True, timeout=10, check=False)
+    shutil.rmtree(control_dir, ignore_errors=True)
 
 
 def connect(

@@ -7,11 +7,13 @@ the one-line cause an engineer would read in a CI log.
 
 from __future__ import annotations
 
+import gc
 import os
 import shlex
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,6 +151,22 @@ def test_long_tmpdir_still_gives_a_working_control_socket(loopback_sshd: Loopbac
         assert host.control_dir.startswith("/tmp/gpuready-ssh-")
     finally:
         host.close()
+
+
+def test_a_host_dropped_without_close_still_stops_its_master(loopback_sshd: LoopbackSshd) -> None:
+    """An interrupted session never calls close(): garbage collection (or exit) stops the master."""
+    host = _host(loopback_sshd)
+    host.run("true")
+    control_dir = host.control_dir
+    assert control_dir is not None
+    disconnects_before = Path(loopback_sshd.log_path).read_text().count("disconnected by user")
+    del host
+    gc.collect()
+    assert not os.path.exists(control_dir)
+    deadline = time.monotonic() + 10
+    while Path(loopback_sshd.log_path).read_text().count("disconnected by user") == disconnects_before:
+        assert time.monotonic() < deadline, "the master connection was not closed"
+        time.sleep(0.05)
 
 
 def test_close_before_any_run_does_nothing(loopback_sshd: LoopbackSshd) -> None:
