@@ -36,7 +36,7 @@ from pytest_gpuready.errors import ConfigError, GpuReadyError
 from pytest_gpuready.host_session import HOST_SESSION_KEY, HostSession
 from pytest_gpuready.hosts import Host, LocalHost
 from pytest_gpuready.serve_spec import DEFAULT_COMMAND, ServeSpec, spec_from_deployment
-from pytest_gpuready.server import ServerError, TeardownReport, VLLMServer, stop_all
+from pytest_gpuready.server import ServerError, TeardownReport, VLLMServer
 from pytest_gpuready.snapshot import HostSnapshot
 from pytest_gpuready.thresholds import (
     check_latency,
@@ -112,6 +112,8 @@ def pytest_configure(config: pytest.Config) -> None:
     report: dict[str, list[dict[str, Any]]] = {"servers": [], "teardowns": [], "benchmarks": [], "checks": []}
     config.stash[REPORT_KEY] = report
     config.stash[CURRENT_ITEM_KEY] = None
+    if config.pluginmanager.get_plugin(_SAFETY_NET_NAME) is None:
+        config.pluginmanager.register(_SafetyNet(config), _SAFETY_NET_NAME)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -120,22 +122,47 @@ def pytest_runtest_protocol(item: pytest.Item) -> None:
     item.config.stash[CURRENT_ITEM_KEY] = item
 
 
-def pytest_keyboard_interrupt() -> None:
-    stop_all("Ctrl-C")
+class _SafetyNet:
+    """Stops this session's servers on Ctrl-C, an internal error, or the end of the session.
+
+    Scoped to this session's pool (not every server in the process), so a pytest run inside a
+    pytest run (pytester) never stops the outer run's servers.
+    """
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def _stop(self, reason: str) -> None:
+        pool = self.config.stash.get(POOL_KEY, None)
+        if pool is not None:
+            pool.emergency_stop(reason)
+
+    def pytest_keyboard_interrupt(self) -> None:
+        self._stop("Ctrl-C")
+
+    def pytest_internalerror(self) -> None:
+        self._stop("pytest internal error")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        # trylast: after pytest's own sessionfinish has run the fixture teardowns (which stop and
+        # verify the servers), so this only catches what they did not, and the JSON is complete.
+        self._stop("end of the pytest session")
+        path = GPUREADY_JSON.get(session.config)
+        report = session.config.stash.get(REPORT_KEY, None)
+        if path is not None and report is not None:
+            target = Path(session.config.invocation_params.dir, os.path.expanduser(path))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(json.dumps(report, indent=2, default=str) + "\n")
 
 
-def pytest_internalerror() -> None:
-    stop_all("pytest internal error")
+_SAFETY_NET_NAME = "gpuready-server-safety-net"
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    stop_all("end of the pytest session")
-    path = GPUREADY_JSON.get(session.config)
-    report = session.config.stash.get(REPORT_KEY, None)
-    if path is not None and report is not None:
-        target = Path(session.config.invocation_params.dir, os.path.expanduser(path))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(report, indent=2, default=str) + "\n")
+def pytest_unconfigure(config: pytest.Config) -> None:
+    plugin = config.pluginmanager.get_plugin(_SAFETY_NET_NAME)
+    if plugin is not None:
+        config.pluginmanager.unregister(plugin)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -165,7 +192,7 @@ def record(config: pytest.Config, name: str, value: object) -> None:
 
 
 def _terminal_writer(config: pytest.Config) -> Callable[[str], None]:
-    """Write progress lines to the terminal even while output is captured."""
+    """Write progress lines to the terminal, on a line of their own, even while output is captured."""
 
     def write(line: str) -> None:
         reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -174,6 +201,9 @@ def _terminal_writer(config: pytest.Config) -> Callable[[str], None]:
         capman = config.pluginmanager.get_plugin("capturemanager")
         guard = capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
         with guard:
+            writer = config.get_terminal_writer()
+            if writer.width_of_current_line:  # after a test's progress dot
+                writer.line()
             reporter.write_line(f"gpuready: {line}")
 
     return write
@@ -304,6 +334,13 @@ class ServerPool:
         if fail and not report.ok:
             pytest.fail(report.message, pytrace=False)
         return report
+
+    def emergency_stop(self, reason: str) -> None:
+        """Stop every running server of this pool without verification (interrupts, session end)."""
+        for server in list(self.servers.values()):
+            if server.running:
+                with contextlib.suppress(Exception):
+                    server.stop(verify=False, note=reason)
 
     def stop_all(self) -> list[TeardownReport]:
         reports = []
@@ -459,7 +496,9 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
             record(pytestconfig, f"{prefix}.failed", level.failed)
         add_report_entry(pytestconfig, "benchmarks", {"server": server.describe(), "context": _context(server),
                                                       **result.to_dict()})
-        _terminal_writer(pytestconfig)("\n" + result.table())
+        write = _terminal_writer(pytestconfig)
+        for line in result.table().splitlines():
+            write(line)
         measured = ServingBenchmark(result, server, pytestconfig)
         if not allow_failed_requests:
             measured.expect_no_failed_requests()
@@ -474,6 +513,7 @@ __all__ = [
     "VLLM_CMD",
     "VLLM_READY_TIMEOUT",
     "VLLM_URL",
+    "BenchmarkServing",
     "ServerFactory",
     "ServerPool",
     "ServingBenchmark",

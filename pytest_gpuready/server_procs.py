@@ -62,7 +62,7 @@ class ServerProcess:
     @property
     def label(self) -> str:
         name = self.cmdline.strip() or self.comm
-        return f"pid {self.pid} ({name[:80]})"
+        return f"pid {self.pid} ({name[:120]})"
 
 
 def session_script(sid: int, min_start: int, signal_name: str | None) -> str:

@@ -15,6 +15,11 @@ LATENCY_METRICS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL"}
 STATS = ("mean", "median", "p99")
 
 
+def number(value: float) -> str:
+    """A threshold as written: ``80``, ``2500``, ``1000000``, ``0.5`` (never ``1e+06``)."""
+    return str(int(value)) if float(value).is_integer() else f"{value:g}"
+
+
 def streams_label(concurrency: int) -> str:
     """``single-stream`` for 1, else ``64-stream``."""
     return "single-stream" if concurrency == 1 else f"{concurrency}-stream"
@@ -51,7 +56,7 @@ def check_output_throughput(result: BenchResult, concurrency: int, min_tok_s: fl
                 "completed": level.completed, "failed": level.failed}
     relation = ">=" if measured >= min_tok_s else "<"
     summary = (f"{streams_label(concurrency)} output {measured:.1f} tok/s {relation} "
-               f"{min_tok_s:g} tok/s required ({context})")
+               f"{number(min_tok_s)} tok/s required ({context})")
     if measured >= min_tok_s:
         return Verdict.passed(summary, details=sample_details(result, level), evidence=evidence)
     return Verdict.failed(summary, details=sample_details(result, level), evidence=evidence)
@@ -72,7 +77,8 @@ def check_latency(
     measured = getattr(level, metric).get(stat)
     evidence = {"concurrency": concurrency, "metric": metric, "stat": stat, "ms": measured, "max_ms": max_ms}
     relation = "<=" if measured <= max_ms else ">"
-    summary = f"{streams_label(concurrency)} {name} {measured:.1f} ms {relation} {max_ms:g} ms allowed ({context})"
+    summary = (f"{streams_label(concurrency)} {name} {measured:.1f} ms {relation} {number(max_ms)} ms "
+               f"allowed ({context})")
     if measured <= max_ms:
         return Verdict.passed(summary, details=sample_details(result, level), evidence=evidence)
     return Verdict.failed(summary, details=sample_details(result, level), evidence=evidence)
@@ -100,10 +106,10 @@ def check_weights_per_gpu(
     problems = []
     for rank, gib in enumerate(weights_gib):
         if min_gib is not None and gib < min_gib:
-            problems.append(f"weights {gib:g} GiB on rank {rank} < {min_gib:g} GiB expected ({context})")
+            problems.append(f"weights {gib:g} GiB on rank {rank} < {number(min_gib)} GiB expected ({context})")
         if max_gib is not None and gib > max_gib:
-            problems.append(f"weights {gib:g} GiB on rank {rank} > {max_gib:g} GiB allowed ({context})")
-    bounds = f"[{'' if min_gib is None else f'{min_gib:g}'}, {'' if max_gib is None else f'{max_gib:g}'}] GiB"
+            problems.append(f"weights {gib:g} GiB on rank {rank} > {number(max_gib)} GiB allowed ({context})")
+    bounds = f"[{'' if min_gib is None else number(min_gib)}, {'' if max_gib is None else number(max_gib)}] GiB"
     evidence = {"weights_gib": list(weights_gib), "min_gib": min_gib, "max_gib": max_gib}
     if problems:
         return Verdict.failed(problems[0], details=tuple(problems[1:]), evidence=evidence)
