@@ -15,7 +15,7 @@ import pytest
 from pytest_gpuready import settings as s
 from pytest_gpuready.errors import HostSpecError
 from pytest_gpuready.host_session import HOST_SESSION_KEY, HostSession, get_host_session
-from pytest_gpuready.hosts import Host, HostSpec, parse_host_spec
+from pytest_gpuready.hosts import Host, HostSpec, parse_host_spec, validate_ssh_option
 from pytest_gpuready.invariants import DEFAULT_MAX_USED_MIB, DEFAULT_SHM_MIN_FREE_MIB, check_gpus_clean, check_shm_clean
 from pytest_gpuready.outcomes import checked, expect
 from pytest_gpuready.probe import READERS
@@ -35,8 +35,10 @@ def _parse_host(text: str) -> HostSpec:
 def _parse_ssh_options(text: str) -> tuple[str, ...]:
     options = tuple(line.strip() for line in text.splitlines() if line.strip())
     for option in options:
-        if "=" not in option or option.startswith("="):
-            raise ValueError(f"{option!r} is not Key=Value, as ssh -o takes it")
+        try:
+            validate_ssh_option(option)
+        except HostSpecError as exc:
+            raise ValueError(str(exc).split(": ", 1)[-1]) from None
     return options
 
 

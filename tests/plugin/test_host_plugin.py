@@ -120,7 +120,9 @@ def test_unreachable_host_errors_and_is_probed_once(pytester: pytest.Pytester) -
         ((), {"GPUREADY_GPU_MAX_USED_MIB": "-5"},
          "ERROR: $GPUREADY_GPU_MAX_USED_MIB '-5': expected a whole number >= 0"),
         (("--gpu-reader", "magic"), {}, "ERROR: --gpu-reader 'magic': expected one of auto, nvml, nvidia-smi"),
-        (("--ssh-option", "NoEquals"), {}, "ERROR: --ssh-option 'NoEquals': 'NoEquals' is not Key=Value*"),
+        (("--ssh-option", "NoEquals"), {}, "ERROR: --ssh-option 'NoEquals': expected 'Key=Value', as ssh -o takes it"),
+        (("--ssh-option", "ControlPath=/tmp/x"), {},
+         "ERROR: --ssh-option 'ControlPath=/tmp/x': ControlPath is set by pytest-gpuready*"),
         (("--gpu-host", "ssh://h:99999"), {}, "ERROR: --gpu-host 'ssh://h:99999': port 99999 is out of range*"),
     ],
 )
