@@ -294,6 +294,8 @@ class VLLMServer:
         self.attach_url = attach_url.rstrip("/") if attach_url else None
         self._log_dir = Path(log_dir) if log_dir is not None else None
         self.log_path: str | None = None
+        self.argv: list[str] = []
+        """The command line of the last launch (port and bind address filled in)."""
         self.port: int | None = None
         self.pid: int | None = None
         self._start_ticks: int = 0
@@ -465,6 +467,7 @@ class VLLMServer:
         if self.spec.port is not None:
             self._check_port_free()
         argv = build_argv(self.spec, port=self.port, bind_address=self._bind_address())
+        self.argv = argv
         env = build_env(self.spec)
         self._stopped = False
         if self.host.is_local:
@@ -530,9 +533,13 @@ class VLLMServer:
         if self._remote_dir is None or self.pid is None:
             return None
         code_file = shlex.quote(f"{self._remote_dir}/exit_code")
+        # A leader whose parent (the ssh session) is gone may linger as a zombie where nothing reaps
+        # it: read its state, since ``kill -0`` succeeds on a zombie.
         result = self.host.run(
             f"if [ -s {code_file} ]; then cat {code_file}; "
-            f"elif kill -0 {int(self.pid)} 2>/dev/null; then echo running; else echo gone; fi",
+            f"elif {{ read -r line < /proc/{int(self.pid)}/stat; }} 2>/dev/null; then "
+            'rest=${line##*) }; set -- $rest; if [ "$1" = Z ]; then echo gone; else echo running; fi; '
+            "else echo gone; fi",
             timeout=30,
         )
         text = result.stdout.strip()
@@ -597,7 +604,7 @@ class VLLMServer:
             extra = f": {cause}" if cause else ""
             raise self._fail(ServerExitedError,
                              f"vLLM {self.name} {reason} before it was ready{extra} "
-                             f"(command: {' '.join(build_argv(self.spec, port=self.port))})")
+                             f"(command: {shlex.join(self.argv)})")
         if fatal_seen_at is not None and time.monotonic() - fatal_seen_at >= self.fatal_grace_s:
             raise self._fail(EngineDeadError,
                              f"vLLM {self.name}: the engine failed ({fatal_line}) and the server "

@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -72,9 +71,3 @@ def session_pids(sid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[3]) == sid:
             pids.append(int(entry))
     return pids
-
-
-@pytest.fixture
-def new_shm_files() -> Iterator[set[str]]:
-    """Names in /dev/shm before the test; a test's leftovers are what appears after."""
-    yield shm_names()

@@ -6,6 +6,7 @@ teardown left no process, no /dev/shm file and needed no SIGKILL.
 
 from __future__ import annotations
 
+import json
 import os
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -156,12 +157,10 @@ def test_fixtures_attached_by_url_pass_and_fail_thresholds(shared: Shared, pytes
         "*measured over 4 requests of 16 prompt + 8 output tokens at concurrency 1 in * s (0 failed)*",
     ])
     assert "Traceback" not in result.stdout.str()
-    properties = {p.get("name"): p.get("value") for p in ET.parse(junit).iter("property")}
+    properties = {str(p.get("name")): str(p.get("value")) for p in ET.parse(junit).iter("property")}
     assert float(properties["gpuready.bench.c1.output_tok_s"]) > 1
     assert properties["gpuready.check.output_throughput_c1"].startswith("single-stream output ")
     assert properties["gpuready.server"] == "tiny-llama, TP=1"
-    import json
-
     data = json.loads(Path(report).read_text())
     assert [b["levels"][0]["completed"] for b in data["benchmarks"]] == [4, 4]
     assert [c["ok"] for c in data["checks"] if c["name"] == "output_throughput_c1"] == [True, False]
