@@ -12,4 +12,5 @@ from __future__ import annotations
 pytest_plugins = [
     "pytest_gpuready.fixtures_host",
     "pytest_gpuready.fixtures_model",
+    "pytest_gpuready.fixtures_server",
 ]

@@ -83,7 +83,12 @@ def resolve_all(config: pytest.Config, settings: Sequence[Setting[Any]]) -> dict
     for setting in settings:
         cli = config.getoption(setting.dest, default=None)
         if cli is not None:
-            raw = "\n".join(cli) if isinstance(cli, list) else str(cli)
+            if isinstance(cli, list):
+                for item in cli:  # so an error names the one bad value, not all of them
+                    setting.parse_from(item, setting.flag)
+                raw = "\n".join(cli)
+            else:
+                raw = str(cli)
             resolved[setting.dest] = setting.parse_from(raw, setting.flag)
             continue
         env = os.environ.get(setting.env)

@@ -158,12 +158,12 @@ def test_unknown_host_key_errors_and_learns_nothing(pytester: pytest.Pytester, s
 
 
 def test_ssh_option_the_plugin_manages_is_refused(pytester: pytest.Pytester, sshd: LoopbackSshd) -> None:
-    """A usage error once the option parser validates with hosts.validate_ssh_option; an error at the latest."""
+    """A usage error before any test runs: the option parser validates with hosts.validate_ssh_option."""
     before = sshd.accepted_connections()
     result = pytester.runpytest(*PREFLIGHT, *sshd.pytest_args(), "--ssh-option", "BatchMode=no")
-    assert result.ret in (pytest.ExitCode.USAGE_ERROR, pytest.ExitCode.TESTS_FAILED)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
     output = result.stdout.str() + result.stderr.str()
-    assert "--ssh-option 'BatchMode=no': BatchMode is set by pytest-gpuready" in output
+    assert "ERROR: --ssh-option 'BatchMode=no': BatchMode is set by pytest-gpuready" in output
     assert " passed" not in output
     assert sshd.accepted_connections() == before
 
