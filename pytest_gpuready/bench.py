@@ -14,25 +14,24 @@ and aggregated as ``calculate_metrics`` in ``vllm/benchmarks/serve.py`` does (se
 its own prompt of exactly ``prompt_tokens`` token ids (sent as a list of ints, which vLLM accepts,
 so the count is exact and no prefix is shared), ``max_tokens=output_tokens`` with ``ignore_eos``.
 
-Concurrency is a pool of threads, each with its own HTTP connection, pulling from a shared
-request counter: the same "at most N in flight" as ``--max-concurrency N`` with an infinite
-request rate.
+Concurrency is N workers on one event loop (:mod:`pytest_gpuready.loadgen`), each with its own
+keep-alive HTTP connection, pulling from a shared request counter: the same "at most N in flight"
+as ``--max-concurrency N`` with an infinite request rate.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import requests
+import requests as requests_lib
 
 from pytest_gpuready.errors import GpuReadyError
+from pytest_gpuready.loadgen import Endpoint, RequestOutcome, run_coroutine, run_requests
 
 DEFAULT_CONCURRENCY = (1, 8, 64)
 DEFAULT_PROMPT_TOKENS = 256
@@ -51,20 +50,6 @@ _VOCAB_TEXT = (
 
 class BenchmarkError(GpuReadyError):
     """The benchmark could not measure: no request succeeded, or the server does not report usage."""
-
-
-@dataclass(frozen=True)
-class RequestOutcome:
-    """One request as measured on the client (times in seconds, ``time.perf_counter`` based)."""
-
-    success: bool
-    start_time: float = 0.0
-    ttft_s: float = 0.0
-    latency_s: float = 0.0
-    itl_s: tuple[float, ...] = ()
-    prompt_tokens: int = 0
-    output_tokens: int | None = None
-    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -281,70 +266,6 @@ def calculate_metrics(outcomes: Sequence[RequestOutcome], duration_s: float, con
 
 # ---------------------------------------------------------------------------- the load generator
 
-def iter_sse_data(chunks: Iterator[bytes]) -> Iterator[tuple[str, float]]:
-    """Split a byte stream into SSE ``data:`` payloads, each with the time its last byte arrived."""
-    buffer = b""
-    for chunk in chunks:
-        arrived = time.perf_counter()
-        buffer += chunk
-        while True:
-            cut = buffer.find(b"\n\n")
-            if cut < 0:
-                break
-            event, buffer = buffer[:cut], buffer[cut + 2:]
-            for line in event.split(b"\n"):
-                line = line.strip()
-                if line.startswith(b"data:"):
-                    yield line[5:].strip().decode("utf-8", errors="replace"), arrived
-    tail = buffer.strip()
-    if tail.startswith(b"data:"):
-        yield tail[5:].strip().decode("utf-8", errors="replace"), time.perf_counter()
-
-
-def stream_completion(
-    session: requests.Session,
-    url: str,
-    payload: Mapping[str, Any],
-    *,
-    timeout_s: float,
-) -> RequestOutcome:
-    """POST one streaming completion and time it as vLLM's ``async_request_openai_completions``."""
-    start = time.perf_counter()
-    latest = start
-    ttft = 0.0
-    itl: list[float] = []
-    first = False
-    output_tokens: int | None = None
-    prompt_tokens = 0
-    try:
-        with session.post(url, json=payload, stream=True, timeout=(10, timeout_s)) as response:
-            if response.status_code != 200:
-                return RequestOutcome(False, start, error=f"HTTP {response.status_code}: {response.text[:300]}")
-            for data, arrived in iter_sse_data(response.iter_content(chunk_size=None)):
-                if data == "[DONE]" or data.startswith(":"):
-                    continue
-                message = json.loads(data)
-                if message.get("choices"):
-                    if not first:
-                        first = True
-                        ttft = arrived - start
-                    else:
-                        itl.append(arrived - latest)
-                    latest = arrived
-                elif usage := message.get("usage"):
-                    output_tokens = usage.get("completion_tokens")
-                    prompt_tokens = int(usage.get("prompt_tokens") or 0)
-                elif "error" in message:
-                    return RequestOutcome(False, start, error=f"server error: {str(message['error'])[:300]}")
-    except (requests.RequestException, ValueError) as exc:
-        return RequestOutcome(False, start, error=f"{type(exc).__name__}: {exc}"[:300])
-    if not first:
-        return RequestOutcome(False, start, error="no chunk with choices arrived (no first token)")
-    if output_tokens is None:
-        return RequestOutcome(False, start, error="the server sent no usage (stream_options.include_usage)")
-    return RequestOutcome(True, start, ttft, latest - start, tuple(itl), prompt_tokens, int(output_tokens))
-
-
 @dataclass
 class PromptFactory:
     """Distinct prompts of an exact length: token ids drawn from the server's own tokenization."""
@@ -368,14 +289,14 @@ class PromptFactory:
 
 
 def make_prompt_factory(
-    session: requests.Session, base_url: str, model: str, prompt_tokens: int, seed: int
+    session: requests_lib.Session, base_url: str, model: str, prompt_tokens: int, seed: int
 ) -> PromptFactory:
     """Token-id prompts from the server's ``/tokenize`` (vLLM); plain text where it is missing."""
     try:
         response = session.post(f"{base_url}/tokenize", json={
             "model": model, "prompt": _VOCAB_TEXT, "add_special_tokens": False}, timeout=30)
         tokens = response.json().get("tokens") if response.status_code == 200 else None
-    except (requests.RequestException, ValueError, AttributeError):
+    except (requests_lib.RequestException, ValueError, AttributeError):
         tokens = None
     if isinstance(tokens, list) and tokens and all(isinstance(t, int) for t in tokens):
         return PromptFactory(prompt_tokens, tuple(sorted(set(tokens))), seed)
@@ -383,7 +304,7 @@ def make_prompt_factory(
 
 
 def _run_level(
-    completions_url: str,
+    endpoint: Endpoint,
     model: str,
     prompts: PromptFactory,
     *,
@@ -393,41 +314,22 @@ def _run_level(
     timeout_s: float,
     extra_body: Mapping[str, Any],
 ) -> tuple[list[RequestOutcome], float]:
-    outcomes: list[RequestOutcome] = []
-    lock = threading.Lock()
-    issued = [0]
+    def payload() -> dict[str, Any]:
+        # vLLM bench serve's body for the completions API (endpoint_request_func.py).
+        return {
+            "model": model,
+            "prompt": prompts.next_prompt(),
+            "repetition_penalty": 1.0,
+            "max_tokens": output_tokens,
+            "logprobs": None,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+            **extra_body,
+        }
 
-    def worker() -> None:
-        with requests.Session() as session:
-            while True:
-                with lock:
-                    if issued[0] >= requests_total:
-                        return
-                    issued[0] += 1
-                payload = {
-                    "model": model,
-                    "prompt": prompts.next_prompt(),
-                    "repetition_penalty": 1.0,
-                    "max_tokens": output_tokens,
-                    "logprobs": None,
-                    "stream": True,
-                    "stream_options": {"include_usage": True},
-                    "ignore_eos": True,
-                    **extra_body,
-                }
-                outcome = stream_completion(session, completions_url, payload, timeout_s=timeout_s)
-                with lock:
-                    outcomes.append(outcome)
-
-    threads = [threading.Thread(target=worker, name=f"gpuready-bench-{i}", daemon=True)
-               for i in range(min(concurrency, requests_total))]
-    began = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        while thread.is_alive():
-            thread.join(timeout=0.5)  # short joins keep Ctrl-C responsive
-    return outcomes, time.perf_counter() - began
+    return run_coroutine(lambda: run_requests(endpoint, payload, concurrency=concurrency,
+                                              total=requests_total, timeout_s=timeout_s))
 
 
 def run_benchmark(
@@ -456,12 +358,12 @@ def run_benchmark(
     if prompt_tokens < 1 or output_tokens < 1:
         raise ValueError(f"prompt_tokens and output_tokens must be >= 1, got {prompt_tokens}, {output_tokens}")
     base = url.rstrip("/")
-    completions_url = f"{base}/v1/completions"
-    with _http_session() as session:
+    endpoint = Endpoint.parse(base)
+    with requests_lib.Session() as session:
         prompts = make_prompt_factory(session, base, model, prompt_tokens, seed)
     body = dict(extra_body or {})
     if warmup > 0:
-        warm, _ = _run_level(completions_url, model, prompts, concurrency=min(warmup, max(levels_wanted)),
+        warm, _ = _run_level(endpoint, model, prompts, concurrency=min(warmup, max(levels_wanted)),
                              requests_total=warmup, output_tokens=output_tokens, timeout_s=timeout_s,
                              extra_body=body)
         if not any(o.success for o in warm):
@@ -470,7 +372,7 @@ def run_benchmark(
     levels: list[LevelResult] = []
     for level in levels_wanted:
         count = _requests_for(requests, level)
-        outcomes, duration = _run_level(completions_url, model, prompts, concurrency=level,
+        outcomes, duration = _run_level(endpoint, model, prompts, concurrency=level,
                                         requests_total=count, output_tokens=output_tokens,
                                         timeout_s=timeout_s, extra_body=body)
         result = calculate_metrics(outcomes, duration, level)
@@ -495,5 +397,15 @@ def _requests_for(requests_spec: int | Mapping[int, int] | None, level: int) -> 
     return count
 
 
-def _http_session() -> requests.Session:
-    return requests.Session()
+__all__ = [
+    "BenchResult",
+    "BenchmarkError",
+    "LatencyStats",
+    "LevelResult",
+    "PromptFactory",
+    "RequestOutcome",
+    "calculate_metrics",
+    "latency_stats",
+    "percentile",
+    "run_benchmark",
+]

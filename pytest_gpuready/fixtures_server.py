@@ -23,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,7 @@ from pytest_gpuready import settings as s
 from pytest_gpuready.bench import BenchResult, run_benchmark
 from pytest_gpuready.deploy_config import Deployment, Throughput
 from pytest_gpuready.errors import ConfigError, GpuReadyError
+from pytest_gpuready.fixtures_model import SKIP_NO_DEPLOY_FILE, deploy_config_of
 from pytest_gpuready.host_session import HOST_SESSION_KEY, HostSession
 from pytest_gpuready.hosts import Host, LocalHost
 from pytest_gpuready.serve_spec import DEFAULT_COMMAND, ServeSpec, spec_from_deployment
@@ -62,8 +65,6 @@ def _parse_url(text: str) -> str | None:
 
 
 def _parse_command(text: str) -> str:
-    import shlex
-
     try:
         words = shlex.split(text)
     except ValueError as exc:
@@ -245,15 +246,11 @@ class ServerPool:
         command = VLLM_CMD.get(self.config)
         if isinstance(target, ServeSpec):
             if target.command == DEFAULT_COMMAND and command != DEFAULT_COMMAND:
-                from dataclasses import replace
-
                 return replace(target, command=command)
             return target
         if isinstance(target, Deployment):
             return spec_from_deployment(target, command=command)
         if isinstance(target, str):
-            from pytest_gpuready.fixtures_model import SKIP_NO_DEPLOY_FILE, deploy_config_of
-
             deploy = deploy_config_of(self.config)
             if deploy is None:
                 pytest.skip(SKIP_NO_DEPLOY_FILE)

@@ -16,10 +16,10 @@ from pytest_gpuready.bench import (
     PromptFactory,
     RequestOutcome,
     calculate_metrics,
-    iter_sse_data,
     latency_stats,
     percentile,
 )
+from pytest_gpuready.loadgen import iter_sse_data
 from pytest_gpuready.thresholds import (
     check_latency,
     check_no_failed_requests,
