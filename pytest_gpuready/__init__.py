@@ -5,6 +5,7 @@ The public API is re-exported here; the pytest plugin itself lives in :mod:`pyte
 
 from __future__ import annotations
 
+from pytest_gpuready.bench import BenchResult, run_benchmark
 from pytest_gpuready.deploy_config import DeployConfig, Deployment, load_deploy_config
 from pytest_gpuready.errors import (
     ConfigError,
@@ -26,6 +27,8 @@ from pytest_gpuready.model_invariants import (
 )
 from pytest_gpuready.models import ModelSpec, inspect_model, model_spec_from_config
 from pytest_gpuready.probe import snapshot
+from pytest_gpuready.serve_spec import ServeSpec
+from pytest_gpuready.server import VLLMServer
 from pytest_gpuready.snapshot import GpuInfo, GpuLink, GpuProcess, HostSnapshot, ShmEntry, ShmStatus, Topology
 from pytest_gpuready.verdict import Verdict
 from pytest_gpuready.vllm_version import parse_vllm_version
@@ -33,6 +36,7 @@ from pytest_gpuready.vllm_version import parse_vllm_version
 __version__ = "0.1.0"
 
 __all__ = [
+    "BenchResult",
     "CommandResult",
     "ConfigError",
     "DeployConfig",
@@ -52,9 +56,11 @@ __all__ = [
     "NoGpuError",
     "ProbeError",
     "SSHHost",
+    "ServeSpec",
     "ShmEntry",
     "ShmStatus",
     "Topology",
+    "VLLMServer",
     "Verdict",
     "__version__",
     "check_fp8_block_alignment",
@@ -71,5 +77,6 @@ __all__ = [
     "model_spec_from_config",
     "parse_host_spec",
     "parse_vllm_version",
+    "run_benchmark",
     "snapshot",
 ]
