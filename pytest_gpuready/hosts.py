@@ -243,6 +243,7 @@ class SSHHost:
     is_local: bool = field(default=False, init=False)
     commands_run: int = field(default=0, init=False)
     _control_dir: str | None = field(default=None, init=False, repr=False)
+    _address: str | None = field(default=None, init=False, repr=False)
     _cleanup: weakref.finalize[[str, str, str], SSHHost] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -264,7 +265,31 @@ class SSHHost:
 
     @property
     def address(self) -> str:
-        return self.spec.hostname
+        """The host name ssh really connects to, as ``ssh -G`` resolves it (no connection is made).
+
+        An ``~/.ssh/config`` alias (``Host gpu7`` / ``HostName 10.1.230.174``) or a ``-o HostName=``
+        option names a host that HTTP clients cannot resolve; this returns what ssh would dial.
+        Falls back to the spec's host name when ``ssh -G`` is not available (OpenSSH < 6.8).
+        """
+        if self._address is None:
+            argv = [self.ssh_binary, "-G"]
+            for option in self.ssh_options:
+                argv += ["-o", option]
+            if self.spec.port:
+                argv += ["-p", str(self.spec.port)]
+            argv.append(self.spec.target)
+            resolved = self.spec.hostname
+            try:
+                proc = subprocess.run(argv, capture_output=True, text=True, timeout=10, check=False)
+                for line in proc.stdout.splitlines():
+                    key, _, value = line.partition(" ")
+                    if key == "hostname" and value.strip() and proc.returncode == 0:
+                        resolved = value.strip()
+                        break
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            self._address = resolved
+        return self._address
 
     @property
     def control_dir(self) -> str | None:

@@ -330,3 +330,18 @@ def test_good_ssh_option_is_passed_with_dash_o(option: str) -> None:
     argv = host.ssh_argv()
     assert argv[1:3] == ["-o", option]
     assert argv[-1] == "root@gpu-box-7"
+
+
+def test_address_is_what_ssh_dials_not_the_alias(loopback_sshd: LoopbackSshd) -> None:
+    """HTTP to a server on the host must use the real name of an ssh-config alias (ssh -G resolves it)."""
+    alias = connect(f"ssh://root@gpu-box-alias:{loopback_sshd.port}", identity_file=loopback_sshd.identity_file,
+                    ssh_options=(*loopback_sshd.ssh_options, "HostName=127.0.0.1"), connect_timeout=5)
+    try:
+        assert alias.address == "127.0.0.1"
+        assert alias.run("echo reached").stdout == "reached\n"  # and ssh really dials it
+    finally:
+        alias.close()
+    plain = connect(loopback_sshd.spec, identity_file=loopback_sshd.identity_file,
+                    ssh_options=loopback_sshd.ssh_options)
+    assert plain.address == "127.0.0.1"
+    plain.close()
