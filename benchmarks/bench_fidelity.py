@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.perf_docs import replace_section  # noqa: E402
 from pytest_gpuready.bench import run_benchmark  # noqa: E402
 from pytest_gpuready.hosts import LocalHost  # noqa: E402
 from pytest_gpuready.serve_spec import ServeSpec  # noqa: E402
@@ -127,18 +128,6 @@ def median(samples: list[Sample], attribute: str) -> float:
 def spread(samples: list[Sample], attribute: str, fmt: str) -> str:
     values = [getattr(s, attribute) for s in samples]
     return f"{format(min(values), fmt)}-{format(max(values), fmt)}"
-
-
-def write_docs(text: str) -> None:
-    current = DOCS.read_text() if DOCS.exists() else "# Performance\n"
-    if SECTION in current:
-        start = current.index(SECTION)
-        following = current.find("\n## ", start + len(SECTION))
-        current = current[:start] + text + (current[following + 1:] if following >= 0 else "")
-        current = current.rstrip() + "\n"
-    else:
-        current = current.rstrip() + "\n\n" + text
-    DOCS.write_text(current)
 
 
 def main() -> None:
@@ -242,7 +231,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if options.write_docs:
-        write_docs(text)
+        replace_section(SECTION, text)
 
 
 if __name__ == "__main__":

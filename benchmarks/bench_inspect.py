@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.perf_docs import machine, replace_section  # noqa: E402
 from pytest_gpuready.hosts import SSHHost, connect  # noqa: E402
 from pytest_gpuready.models import ModelSpec, inspect_model  # noqa: E402
 from pytest_gpuready.safetensors_headers import read_raw_directory_remote  # noqa: E402
@@ -165,25 +166,6 @@ def mib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**20:.1f} MiB"
 
 
-def machine() -> str:
-    cpus = subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip()
-    ssh = subprocess.run(["ssh", "-V"], capture_output=True, text=True, check=False).stderr.strip()
-    return f"{cpus} cores, Python {sys.version.split()[0]}, {ssh.split(',')[0]}"
-
-
-def write_docs(body: str) -> None:
-    """Replace this benchmark's own section of docs/performance.md (others own the rest)."""
-    text = DOCS.read_text() if DOCS.exists() else "# Performance\n"
-    start = text.find(SECTION + "\n")
-    if start == -1:
-        text = text.rstrip("\n") + "\n\n" + body + "\n"
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + ("\n" + text[end:] if end != -1 else "\n")
-    DOCS.parent.mkdir(parents=True, exist_ok=True)
-    DOCS.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--repeat", type=int, default=5, help="repetitions per measurement (median reported)")
@@ -244,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     ]).rstrip()
     print(body)
     if args.write_docs:
-        write_docs(body)
+        replace_section(SECTION, body)
         print(f"\nwrote {DOCS.relative_to(REPO)}")
     return 0
 

@@ -38,6 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.perf_docs import machine, replace_section  # noqa: E402
 from pytest_gpuready import gpus as gpu_readers  # noqa: E402
 from pytest_gpuready.hosts import connect  # noqa: E402
 from pytest_gpuready.probe import VLLM_VERSION_SCRIPT, build_probe_script, snapshot  # noqa: E402
@@ -280,25 +281,6 @@ def target_line(rows: list[tuple[str, Figures, Figures]]) -> str:
             f"{speed}.")
 
 
-def write_docs(body: str) -> None:
-    """Replace this benchmark's own section of docs/performance.md (others own the rest)."""
-    text = DOCS.read_text() if DOCS.exists() else "# Performance\n"
-    start = text.find(SECTION + "\n")
-    if start == -1:
-        text = text.rstrip("\n") + "\n\n" + body + "\n"
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + body + ("\n" + text[end:] if end != -1 else "\n")
-    DOCS.parent.mkdir(parents=True, exist_ok=True)
-    DOCS.write_text(text)
-
-
-def machine() -> str:
-    cpus = subprocess.run(["nproc"], capture_output=True, text=True, check=False).stdout.strip()
-    ssh = subprocess.run(["ssh", "-V"], capture_output=True, text=True, check=False).stderr.strip()
-    return f"{cpus} cores, Python {sys.version.split()[0]}, {ssh.split(',')[0]}"
-
-
 def _rtts(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(part) for part in text.split(",") if part.strip())
@@ -369,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                  "were not run and the plugin's figures leave out that work (a python3 start, about 20 ms).")
     print(body)
     if args.write_docs:
-        write_docs(body)
+        replace_section(SECTION, body)
         print(f"\nwrote {DOCS.relative_to(REPO)}")
     return 0
 
