@@ -10,6 +10,7 @@ engineer types. Locally, NVML replaces the two nvidia-smi queries when it loads.
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from pytest_gpuready import gpus as gpu_readers
@@ -168,13 +169,19 @@ def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True) ->
     nvml: gpu_readers.NvmlReading | None = None
     nvml_error: str | None = None
     if host.is_local and reader in ("auto", "nvml"):
-        try:
-            nvml = gpu_readers.read_nvml()
-        except gpu_readers.NvmlUnavailable as exc:
-            nvml_error = str(exc)
-            if reader == "nvml":
-                raise ProbeError(f"{host.name}: {exc}") from exc
-    result = host.run(build_probe_script(query_gpus_with_nvidia_smi=nvml is None))
+        # NVML is read while the script runs (each takes tens of ms). With ``auto`` the script also
+        # asks nvidia-smi, concurrently, so a failed NVML costs no second round trip.
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            script_run = pool.submit(host.run, build_probe_script(query_gpus_with_nvidia_smi=reader == "auto"))
+            try:
+                nvml = gpu_readers.read_nvml()
+            except gpu_readers.NvmlUnavailable as exc:
+                nvml_error = str(exc)
+            result = script_run.result()
+        if nvml is None and reader == "nvml":
+            raise ProbeError(f"{host.name}: {nvml_error}")
+    else:
+        result = host.run(build_probe_script())
     sections = split_sections(result.stdout, host.name)
     if "uid" not in sections:
         detail = (result.stderr.strip() or result.stdout.strip())[:300]
