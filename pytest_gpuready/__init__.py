@@ -1,6 +1,9 @@
 """pytest-gpuready: hardware preflight checks for deploying LLMs with vLLM on multi-GPU servers.
 
 The public API is re-exported here; the pytest plugin itself lives in :mod:`pytest_gpuready.plugin`.
+
+PYTEST_DONT_REWRITE: this package asserts nothing through ``assert`` for pytest to rewrite, and an
+already-imported package (a ``pytester`` run inside a test session) must not warn that it cannot be.
 """
 
 from __future__ import annotations
