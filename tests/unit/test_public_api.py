@@ -31,3 +31,7 @@ def test_verdict_fields() -> None:
     assert not verdict
     assert (verdict.ok, verdict.summary, dict(verdict.evidence)) == (False, "2 of 8 GPUs are not clean", {"gpus": [0]})
     assert verdict.message == "2 of 8 GPUs are not clean\n  GPU 0: 1 MiB"
+
+
+def test_every_lazy_export_is_in_all() -> None:
+    assert set(pytest_gpuready._EXPORTS) == set(pytest_gpuready.__all__) - {"__version__"}
