@@ -34,15 +34,6 @@ _REQUIRED_GPU_FIELDS = ("index", "memory.used", "memory.total")
 _UNAVAILABLE = re.compile(r"^\[(N/A|Not Supported|Unknown Error|Insufficient Permissions|GPU is lost)\]$|^N/A$")
 _UNIT_SUFFIX = re.compile(r"\s*(MiB|W|%|MHz)$")
 
-DRIVER_FAILURE_MARKERS = (
-    "has failed because it couldn't communicate with the nvidia driver",
-    "no devices were found",
-    "unable to determine the device handle",
-    "gpu is lost",
-    "driver/library version mismatch",
-)
-
-
 def _value(cell: str) -> str | None:
     """The cell without units, or None where nvidia-smi says it has no value."""
     cell = cell.strip()
@@ -57,9 +48,6 @@ def explain_nvidia_smi_failure(output: str, returncode: int) -> str:
     lowered = text.lower()
     if returncode == 127 or "command not found" in lowered or ("not found" in lowered and "nvidia-smi" in lowered):
         return "nvidia-smi is not installed or not on PATH"
-    for marker in DRIVER_FAILURE_MARKERS:
-        if marker in lowered:
-            return f"nvidia-smi failed (exit {returncode}): {text[:300]}"
     return f"nvidia-smi failed (exit {returncode}): {text[:300] or 'no output'}"
 
 

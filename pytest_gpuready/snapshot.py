@@ -93,10 +93,6 @@ class GpuLink:
     def is_nvlink(self) -> bool:
         return self.link.startswith("NV")
 
-    @property
-    def crosses_numa(self) -> bool:
-        return self.link == "SYS"
-
 
 @dataclass(frozen=True)
 class Topology:
