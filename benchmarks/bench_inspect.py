@@ -37,9 +37,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.perf_docs import machine, replace_section  # noqa: E402
-from pytest_gpuready.hosts import SSHHost, connect  # noqa: E402
-from pytest_gpuready.models import ModelSpec, inspect_model  # noqa: E402
-from pytest_gpuready.safetensors_headers import read_raw_directory_remote  # noqa: E402
+from pytest_gpuready import ModelSpec, SSHHost, connect, inspect_model  # noqa: E402
+from pytest_gpuready.model.safetensors_headers import read_raw_directory_remote  # noqa: E402
 from tests.checkpoints import minimax_m2_tensors, write_checkpoint  # noqa: E402
 from tests.sshd import SshdUnavailable, loopback_sshd  # noqa: E402
 

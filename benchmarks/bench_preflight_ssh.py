@@ -39,10 +39,10 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.perf_docs import machine, replace_section  # noqa: E402
-from pytest_gpuready import gpus as gpu_readers  # noqa: E402
-from pytest_gpuready.hosts import connect  # noqa: E402
-from pytest_gpuready.probe import VLLM_VERSION_SCRIPT, build_probe_script, snapshot  # noqa: E402
-from pytest_gpuready.shm import SHM_DF_SCRIPT, SHM_LIST_SCRIPT  # noqa: E402
+from pytest_gpuready import connect, snapshot  # noqa: E402
+from pytest_gpuready.host import gpus as gpu_readers  # noqa: E402
+from pytest_gpuready.host.probe import VLLM_VERSION_SCRIPT, build_probe_script  # noqa: E402
+from pytest_gpuready.host.shm import SHM_DF_SCRIPT, SHM_LIST_SCRIPT  # noqa: E402
 from tests.sshd import LoopbackSshd, loopback_sshd  # noqa: E402
 
 SCENARIO = "rtx8-tp4-loaded"

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready import check_mla_kv_backend, kv_cache_bytes_per_token, model_spec_from_config
-from pytest_gpuready.models import ModelSpec
+from pytest_gpuready import ModelSpec, check_mla_kv_backend, kv_cache_bytes_per_token, model_spec_from_config
 
 HERE = Path(__file__).parent
 CONFIG = HERE / "models/Kimi-K2.5-NVFP4/config.json"

@@ -25,11 +25,16 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready.deploy_config import Throughput, load_deploy_config
-from pytest_gpuready.fixtures_server import VLLM_URL, BenchmarkServing, ServerFactory
-from pytest_gpuready.host_session import get_host_session
-from pytest_gpuready.outcomes import checked
-from pytest_gpuready.server import VLLMServer
+from pytest_gpuready import (
+    BenchmarkServing,
+    Host,
+    HostSnapshot,
+    ServerFactory,
+    Throughput,
+    VLLMServer,
+    checked,
+    load_deploy_config,
+)
 
 DEPLOYMENT = load_deploy_config(Path(__file__).parent / "deploy.yaml").get("MiniMax-M2.5-tp4")
 
@@ -40,15 +45,14 @@ def _threshold(concurrency: int) -> Throughput:
     return threshold
 
 
-@pytest.fixture(scope="module")
-def minimax(pytestconfig: pytest.Config, vllm_server: ServerFactory) -> VLLMServer:
-    """The MiniMax-M2.5 TP=4 server: launched once for this module (or attached with --vllm-url)."""
-    session = get_host_session(pytestconfig)
-    checked(lambda: session.snapshot().require_gpus())  # skips with the reason when there is no GPU
-    if VLLM_URL.get(pytestconfig) is None:
-        found = session.host.run(f"ls {shlex.quote(DEPLOYMENT.model_path)}/*.safetensors 2>/dev/null | head -1")
+@pytest.fixture
+def minimax(gpu_host: Host, gpu_snapshot: HostSnapshot, vllm_server: ServerFactory) -> VLLMServer:
+    """The MiniMax-M2.5 TP=4 server: launched on first use and shared by every test (or attached with --vllm-url)."""
+    checked(gpu_snapshot.require_gpus)  # skips with the reason when there is no GPU
+    if not vllm_server.attaching:
+        found = gpu_host.run(f"ls {shlex.quote(DEPLOYMENT.model_path)}/*.safetensors 2>/dev/null | head -1")
         if not found.stdout.strip():
-            pytest.skip(f"{DEPLOYMENT.model_path} on {session.host.name} holds no *.safetensors: point "
+            pytest.skip(f"{DEPLOYMENT.model_path} on {gpu_host.name} holds no *.safetensors: point "
                         "deploy.yaml's model at the MiniMax-M2.5 checkpoint")
     return vllm_server(DEPLOYMENT)
 

@@ -16,13 +16,18 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready import check_fp8_block_alignment, check_tp_divisibility, model_spec_from_config
-from pytest_gpuready.deploy_config import load_deploy_config
-from pytest_gpuready.fixtures_server import BenchmarkServing, ServerFactory
-from pytest_gpuready.host_session import get_host_session
-from pytest_gpuready.models import ModelSpec
-from pytest_gpuready.outcomes import checked
-from pytest_gpuready.server import VLLMServer
+from pytest_gpuready import (
+    BenchmarkServing,
+    HostSnapshot,
+    ModelSpec,
+    ServerFactory,
+    VLLMServer,
+    check_fp8_block_alignment,
+    check_tp_divisibility,
+    checked,
+    load_deploy_config,
+    model_spec_from_config,
+)
 
 HERE = Path(__file__).parent
 DEPLOYMENT = load_deploy_config(HERE / "deploy.yaml").get("MiniMax-M2.5-tp8-ep")
@@ -52,12 +57,11 @@ def test_tp8_without_expert_parallelism_is_refused_on_vllm_017() -> None:
     assert check_tp_divisibility(spec, tp=8).ok  # heads 48/8 and KV heads 8/8 split fine: only FP8 stops it
 
 
-@pytest.fixture(scope="module")
-def minimax_tp8_ep(pytestconfig: pytest.Config, vllm_server: ServerFactory) -> VLLMServer:
-    session = get_host_session(pytestconfig)
-    gpus = checked(lambda: session.snapshot().require_gpus())  # skips with the reason when there is no GPU
+@pytest.fixture
+def minimax_tp8_ep(gpu_snapshot: HostSnapshot, vllm_server: ServerFactory) -> VLLMServer:
+    gpus = checked(gpu_snapshot.require_gpus)  # skips with the reason when there is no GPU
     if len(gpus) < 8:
-        pytest.skip(f"{session.host.name} has {len(gpus)} GPUs; this deployment needs 8")
+        pytest.skip(f"{gpu_snapshot.host} has {len(gpus)} GPUs; this deployment needs 8")
     return vllm_server(DEPLOYMENT)
 
 

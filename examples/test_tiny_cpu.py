@@ -16,9 +16,7 @@ import os
 
 import pytest
 
-from pytest_gpuready.fixtures_server import BenchmarkServing, ServerFactory
-from pytest_gpuready.serve_spec import ServeSpec
-from pytest_gpuready.server import VLLMServer
+from pytest_gpuready import BenchmarkServing, ServerFactory, ServeSpec, VLLMServer
 
 MODEL = os.environ.get("GPUREADY_EXAMPLE_MODEL")
 

@@ -12,8 +12,6 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the real imports, for type checkers; at run time names load on first use
-    from pytest_gpuready.bench import BenchResult, run_benchmark
-    from pytest_gpuready.deploy_config import DeployConfig, Deployment, load_deploy_config
     from pytest_gpuready.errors import (
         ConfigError,
         GpuReadyError,
@@ -23,66 +21,109 @@ if TYPE_CHECKING:  # the real imports, for type checkers; at run time names load
         NoGpuError,
         ProbeError,
     )
-    from pytest_gpuready.hosts import CommandResult, Host, HostSpec, LocalHost, SSHHost, connect, parse_host_spec
-    from pytest_gpuready.invariants import check_gpus_clean, check_shm_clean, check_topology
-    from pytest_gpuready.model_invariants import (
+    from pytest_gpuready.host.checks import check_gpus_clean, check_shm_clean, check_topology
+    from pytest_gpuready.host.hosts import CommandResult, Host, HostSpec, LocalHost, SSHHost, connect, parse_host_spec
+    from pytest_gpuready.host.probe import snapshot
+    from pytest_gpuready.host.snapshot import (
+        GpuInfo,
+        GpuLink,
+        GpuProcess,
+        HostSnapshot,
+        ShmEntry,
+        ShmStatus,
+        Topology,
+    )
+    from pytest_gpuready.model.checks import (
         check_fp8_block_alignment,
         check_memory_fit,
         check_mla_kv_backend,
         check_tp_divisibility,
+        effective_kv_cache_dtype,
         kv_cache_bytes_per_token,
     )
-    from pytest_gpuready.models import ModelSpec, inspect_model, model_spec_from_config
-    from pytest_gpuready.probe import snapshot
-    from pytest_gpuready.serve_spec import ServeSpec
-    from pytest_gpuready.server import VLLMServer
-    from pytest_gpuready.snapshot import GpuInfo, GpuLink, GpuProcess, HostSnapshot, ShmEntry, ShmStatus, Topology
+    from pytest_gpuready.model.deploy_config import DeployConfig, Deployment, Throughput, load_deploy_config
+    from pytest_gpuready.model.spec import ModelSpec, inspect_model, model_spec_from_config
+    from pytest_gpuready.model.vllm_version import parse_vllm_version
+    from pytest_gpuready.plugin.outcomes import checked, expect
+    from pytest_gpuready.plugin.server_fixtures import BenchmarkServing, ServerFactory, ServingBenchmark
+    from pytest_gpuready.serve.bench import BenchResult, run_benchmark
+    from pytest_gpuready.serve.footprint import Footprint
+    from pytest_gpuready.serve.readiness import ReadyInfo
+    from pytest_gpuready.serve.server import VLLMServer
+    from pytest_gpuready.serve.server_errors import (
+        EngineDeadError,
+        ServerError,
+        ServerExitedError,
+        ServerMismatchError,
+        ServerStartTimeout,
+        TeardownError,
+    )
+    from pytest_gpuready.serve.spec import ServeSpec, build_argv, build_env, spec_from_deployment
+    from pytest_gpuready.serve.teardown import TeardownReport
     from pytest_gpuready.verdict import Verdict
-    from pytest_gpuready.vllm_version import parse_vllm_version
 
 _EXPORTS: dict[str, str] = {
-    "BenchResult": "pytest_gpuready.bench",
-    "CommandResult": "pytest_gpuready.hosts",
+    "BenchResult": "pytest_gpuready.serve.bench",
+    "BenchmarkServing": "pytest_gpuready.plugin.server_fixtures",
+    "CommandResult": "pytest_gpuready.host.hosts",
     "ConfigError": "pytest_gpuready.errors",
-    "DeployConfig": "pytest_gpuready.deploy_config",
-    "Deployment": "pytest_gpuready.deploy_config",
-    "GpuInfo": "pytest_gpuready.snapshot",
-    "GpuLink": "pytest_gpuready.snapshot",
-    "GpuProcess": "pytest_gpuready.snapshot",
+    "DeployConfig": "pytest_gpuready.model.deploy_config",
+    "Deployment": "pytest_gpuready.model.deploy_config",
+    "EngineDeadError": "pytest_gpuready.serve.server_errors",
+    "Footprint": "pytest_gpuready.serve.footprint",
+    "GpuInfo": "pytest_gpuready.host.snapshot",
+    "GpuLink": "pytest_gpuready.host.snapshot",
+    "GpuProcess": "pytest_gpuready.host.snapshot",
     "GpuReadyError": "pytest_gpuready.errors",
     "GpuReadyWarning": "pytest_gpuready.errors",
-    "Host": "pytest_gpuready.hosts",
+    "Host": "pytest_gpuready.host.hosts",
     "HostError": "pytest_gpuready.errors",
-    "HostSnapshot": "pytest_gpuready.snapshot",
-    "HostSpec": "pytest_gpuready.hosts",
+    "HostSnapshot": "pytest_gpuready.host.snapshot",
+    "HostSpec": "pytest_gpuready.host.hosts",
     "HostSpecError": "pytest_gpuready.errors",
-    "LocalHost": "pytest_gpuready.hosts",
-    "ModelSpec": "pytest_gpuready.models",
+    "LocalHost": "pytest_gpuready.host.hosts",
+    "ModelSpec": "pytest_gpuready.model.spec",
     "NoGpuError": "pytest_gpuready.errors",
     "ProbeError": "pytest_gpuready.errors",
-    "SSHHost": "pytest_gpuready.hosts",
-    "ServeSpec": "pytest_gpuready.serve_spec",
-    "ShmEntry": "pytest_gpuready.snapshot",
-    "ShmStatus": "pytest_gpuready.snapshot",
-    "Topology": "pytest_gpuready.snapshot",
-    "VLLMServer": "pytest_gpuready.server",
+    "ReadyInfo": "pytest_gpuready.serve.readiness",
+    "SSHHost": "pytest_gpuready.host.hosts",
+    "ServeSpec": "pytest_gpuready.serve.spec",
+    "ServerError": "pytest_gpuready.serve.server_errors",
+    "ServerExitedError": "pytest_gpuready.serve.server_errors",
+    "ServerFactory": "pytest_gpuready.plugin.server_fixtures",
+    "ServerMismatchError": "pytest_gpuready.serve.server_errors",
+    "ServerStartTimeout": "pytest_gpuready.serve.server_errors",
+    "ServingBenchmark": "pytest_gpuready.plugin.server_fixtures",
+    "ShmEntry": "pytest_gpuready.host.snapshot",
+    "ShmStatus": "pytest_gpuready.host.snapshot",
+    "TeardownError": "pytest_gpuready.serve.server_errors",
+    "TeardownReport": "pytest_gpuready.serve.teardown",
+    "Throughput": "pytest_gpuready.model.deploy_config",
+    "Topology": "pytest_gpuready.host.snapshot",
+    "VLLMServer": "pytest_gpuready.serve.server",
     "Verdict": "pytest_gpuready.verdict",
-    "check_fp8_block_alignment": "pytest_gpuready.model_invariants",
-    "check_gpus_clean": "pytest_gpuready.invariants",
-    "check_memory_fit": "pytest_gpuready.model_invariants",
-    "check_mla_kv_backend": "pytest_gpuready.model_invariants",
-    "check_shm_clean": "pytest_gpuready.invariants",
-    "check_topology": "pytest_gpuready.invariants",
-    "check_tp_divisibility": "pytest_gpuready.model_invariants",
-    "connect": "pytest_gpuready.hosts",
-    "inspect_model": "pytest_gpuready.models",
-    "kv_cache_bytes_per_token": "pytest_gpuready.model_invariants",
-    "load_deploy_config": "pytest_gpuready.deploy_config",
-    "model_spec_from_config": "pytest_gpuready.models",
-    "parse_host_spec": "pytest_gpuready.hosts",
-    "parse_vllm_version": "pytest_gpuready.vllm_version",
-    "run_benchmark": "pytest_gpuready.bench",
-    "snapshot": "pytest_gpuready.probe",
+    "build_argv": "pytest_gpuready.serve.spec",
+    "build_env": "pytest_gpuready.serve.spec",
+    "check_fp8_block_alignment": "pytest_gpuready.model.checks",
+    "check_gpus_clean": "pytest_gpuready.host.checks",
+    "check_memory_fit": "pytest_gpuready.model.checks",
+    "check_mla_kv_backend": "pytest_gpuready.model.checks",
+    "check_shm_clean": "pytest_gpuready.host.checks",
+    "check_topology": "pytest_gpuready.host.checks",
+    "check_tp_divisibility": "pytest_gpuready.model.checks",
+    "checked": "pytest_gpuready.plugin.outcomes",
+    "connect": "pytest_gpuready.host.hosts",
+    "effective_kv_cache_dtype": "pytest_gpuready.model.checks",
+    "expect": "pytest_gpuready.plugin.outcomes",
+    "inspect_model": "pytest_gpuready.model.spec",
+    "kv_cache_bytes_per_token": "pytest_gpuready.model.checks",
+    "load_deploy_config": "pytest_gpuready.model.deploy_config",
+    "model_spec_from_config": "pytest_gpuready.model.spec",
+    "parse_host_spec": "pytest_gpuready.host.hosts",
+    "parse_vllm_version": "pytest_gpuready.model.vllm_version",
+    "run_benchmark": "pytest_gpuready.serve.bench",
+    "snapshot": "pytest_gpuready.host.probe",
+    "spec_from_deployment": "pytest_gpuready.serve.spec",
 }
 """Public name -> module. Imported lazily (PEP 562): pytest loads this package for every run of
 every suite where the plugin is installed, and the launch and benchmark modules bring requests
@@ -106,10 +147,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BenchResult",
+    "BenchmarkServing",
     "CommandResult",
     "ConfigError",
     "DeployConfig",
     "Deployment",
+    "EngineDeadError",
+    "Footprint",
     "GpuInfo",
     "GpuLink",
     "GpuProcess",
@@ -124,14 +168,26 @@ __all__ = [
     "ModelSpec",
     "NoGpuError",
     "ProbeError",
+    "ReadyInfo",
     "SSHHost",
     "ServeSpec",
+    "ServerError",
+    "ServerExitedError",
+    "ServerFactory",
+    "ServerMismatchError",
+    "ServerStartTimeout",
+    "ServingBenchmark",
     "ShmEntry",
     "ShmStatus",
+    "TeardownError",
+    "TeardownReport",
+    "Throughput",
     "Topology",
     "VLLMServer",
     "Verdict",
     "__version__",
+    "build_argv",
+    "build_env",
     "check_fp8_block_alignment",
     "check_gpus_clean",
     "check_memory_fit",
@@ -139,7 +195,10 @@ __all__ = [
     "check_shm_clean",
     "check_topology",
     "check_tp_divisibility",
+    "checked",
     "connect",
+    "effective_kv_cache_dtype",
+    "expect",
     "inspect_model",
     "kv_cache_bytes_per_token",
     "load_deploy_config",
@@ -148,4 +207,5 @@ __all__ = [
     "parse_vllm_version",
     "run_benchmark",
     "snapshot",
+    "spec_from_deployment",
 ]

@@ -8,8 +8,8 @@ GPUREADY_GPU_REPORT=$OUT/gpu-report.json python3 -m pytest tests/gpu -v -p no:ca
 python3 -m pytest --pyargs pytest_gpuready.preflight -p no:cacheprovider -rs -W default > $OUT/preflight-idle.log 2>&1; echo "preflight idle rc=$?"
 python3 - <<'PY' > $OUT/probe-timing.txt 2>&1
 import time, statistics
-from pytest_gpuready.hosts import LocalHost
-from pytest_gpuready.probe import snapshot
+from pytest_gpuready.host.hosts import LocalHost
+from pytest_gpuready.host.probe import snapshot
 for reader in ("nvml", "nvidia-smi"):
     times = []
     for _ in range(10):

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pytest_gpuready.hosts import SSHHost, connect
+from pytest_gpuready import SSHHost, connect
 from tests.sshd import LoopbackSshd, SshdUnavailable
 from tests.sshd import loopback_sshd as start_loopback_sshd
 

@@ -10,22 +10,22 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpuready.deploy_config import Deployment
-from pytest_gpuready.fixtures_model import (
+from pytest_gpuready.model.checks import (
+    GIB,
+    check_fp8_block_alignment,
+    check_mla_kv_backend,
+    check_tp_divisibility,
+)
+from pytest_gpuready.model.deploy_config import Deployment
+from pytest_gpuready.model.spec import ModelSpec
+from pytest_gpuready.plugin.model_fixtures import (
     NO_DEPLOY_FILE,
     deploy_config_of,
     memory_fit_verdict,
     resolve_gpu_arch,
     resolve_vllm_version,
 )
-from pytest_gpuready.model_invariants import (
-    GIB,
-    check_fp8_block_alignment,
-    check_mla_kv_backend,
-    check_tp_divisibility,
-)
-from pytest_gpuready.models import ModelSpec
-from pytest_gpuready.outcomes import expect
+from pytest_gpuready.plugin.outcomes import expect
 from pytest_gpuready.verdict import Verdict
 
 pytestmark = pytest.mark.gpuready

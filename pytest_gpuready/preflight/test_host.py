@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpuready.fixtures_host import GPU_IDS, GPU_MAX_USED_MIB, SHM_MIN_FREE_MIB
-from pytest_gpuready.invariants import check_gpus_clean, check_shm_clean, check_topology
-from pytest_gpuready.outcomes import checked, expect
-from pytest_gpuready.snapshot import HostSnapshot
+from pytest_gpuready.host.checks import check_gpus_clean, check_shm_clean, check_topology
+from pytest_gpuready.host.snapshot import HostSnapshot
+from pytest_gpuready.plugin.host_fixtures import GPU_IDS, GPU_MAX_USED_MIB, SHM_MIN_FREE_MIB
+from pytest_gpuready.plugin.outcomes import checked, expect
 
 pytestmark = pytest.mark.gpuready
 

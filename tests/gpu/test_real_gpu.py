@@ -18,10 +18,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gpuready.hosts import LocalHost
-from pytest_gpuready.invariants import check_gpus_clean
-from pytest_gpuready.probe import snapshot
-from pytest_gpuready.snapshot import HostSnapshot
+from pytest_gpuready import HostSnapshot, LocalHost, check_gpus_clean, snapshot
 
 pytestmark = [
     pytest.mark.gpu,

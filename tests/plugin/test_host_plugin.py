@@ -148,7 +148,7 @@ def test_bad_ini_value_names_the_ini_key(pytester: pytest.Pytester) -> None:
 def test_precedence_cli_over_env_over_ini(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makeini("[pytest]\ngpu_ids = 0\ngpu_max_used_mib = 7\n")
     pytester.makepyfile("""
-        from pytest_gpuready.fixtures_host import GPU_IDS, GPU_MAX_USED_MIB
+        from pytest_gpuready.plugin.host_fixtures import GPU_IDS, GPU_MAX_USED_MIB
 
         def test_resolved(pytestconfig):
             print("ids", GPU_IDS.get(pytestconfig), "max", GPU_MAX_USED_MIB.get(pytestconfig))

@@ -21,7 +21,7 @@ Standin = Callable[[str], Path]
 ROOT = Path(__file__).parent.parent.parent
 CONFIGS = ROOT / "tests" / "data" / "configs"
 EXAMPLE = ROOT / "examples" / "deploy.yaml"
-PLUGIN = ("-p", "pytest_gpuready.fixtures_model", "-p", "no:cacheprovider")
+PLUGIN = ("-p", "pytest_gpuready.plugin.model_fixtures", "-p", "no:cacheprovider")
 DEPLOYMENTS = ("--pyargs", "pytest_gpuready.preflight.test_deployments")
 
 
@@ -313,7 +313,7 @@ def test_malformed_deploy_file_is_one_usage_error_line(pytester: pytest.Pytester
 def test_precedence_cli_over_env_over_ini(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makeini("[pytest]\nvllm_version = 0.15.0\ngpu_arch = sm90\n")
     pytester.makepyfile("""
-        from pytest_gpuready.fixtures_model import GPU_ARCH, VLLM_VERSION
+        from pytest_gpuready.plugin.model_fixtures import GPU_ARCH, VLLM_VERSION
 
         def test_resolved(pytestconfig):
             print("RESOLVED", VLLM_VERSION.get(pytestconfig), GPU_ARCH.get(pytestconfig))

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-PLUGIN = ("-p", "pytest_gpuready.fixtures_server", "-p", "no:cacheprovider")
+PLUGIN = ("-p", "pytest_gpuready.plugin.server_fixtures", "-p", "no:cacheprovider")
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 FAILING = """
-from pytest_gpuready.serve_spec import ServeSpec
+from pytest_gpuready import ServeSpec
 
 SPEC = ServeSpec(model="/models/MiniMax-M2.5", label="MiniMax-M2.5", tensor_parallel_size=1)
 

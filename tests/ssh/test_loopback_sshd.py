@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from pytest_gpuready.hosts import SSHHost
+from pytest_gpuready import SSHHost
 from tests.sshd import STANDIN_BIN, LoopbackSshd
 
 pytestmark = pytest.mark.ssh

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready.hosts import SSHHost
-from pytest_gpuready.models import inspect_model
+from pytest_gpuready import SSHHost, inspect_model
 from tests.checkpoints import minimax_m2_tensors, small_tensors, write_checkpoint
 from tests.sshd import LoopbackSshd
 
@@ -52,7 +51,7 @@ def test_deployment_preflight_over_ssh_opens_one_connection(pytester: pytest.Pyt
         "    serve: {max_model_len: 196608}\n")
     before = loopback_sshd.accepted_connections()
     with loopback_sshd.use_scenario("rtx8-clean"):
-        result = pytester.runpytest("-p", "pytest_gpuready.fixtures_model", "-p", "no:cacheprovider",
+        result = pytester.runpytest("-p", "pytest_gpuready.plugin.model_fixtures", "-p", "no:cacheprovider",
                                     "--pyargs", "pytest_gpuready.preflight.test_deployments",
                                     "--gpuready-config", "deploy.yaml", *loopback_sshd.pytest_args(), "-v")
     result.assert_outcomes(passed=5, skipped=1)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready.hosts import SSHHost
-from pytest_gpuready.probe import build_probe_script
+from pytest_gpuready import SSHHost
+from pytest_gpuready.host.probe import build_probe_script
 from tests.sshd import LoopbackSshd, keygen
 
 pytestmark = pytest.mark.ssh

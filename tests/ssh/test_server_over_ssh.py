@@ -9,10 +9,8 @@ import re
 
 import pytest
 
-from pytest_gpuready.hosts import SSHHost
-from pytest_gpuready.serve_spec import ServeSpec
-from pytest_gpuready.server import ServerExitedError, ServerStartTimeout, VLLMServer
-from pytest_gpuready.server_procs import session_members
+from pytest_gpuready import ServerExitedError, ServerStartTimeout, ServeSpec, SSHHost, VLLMServer
+from pytest_gpuready.serve.processes import session_members
 
 
 def test_remote_exit_is_read_from_the_wrapper_with_the_remote_log_tail(loopback_host: SSHHost) -> None:

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready.errors import HostError, HostSpecError
-from pytest_gpuready.hosts import SSHHost, connect, parse_host_spec, validate_ssh_option
+from pytest_gpuready import HostError, HostSpecError, SSHHost, connect, parse_host_spec
+from pytest_gpuready.host.hosts import validate_ssh_option
 from tests.sshd import LoopbackSshd, keygen, loopback_sshd
 
 pytestmark = pytest.mark.ssh

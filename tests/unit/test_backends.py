@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpuready.backends import (
+from pytest_gpuready import parse_vllm_version
+from pytest_gpuready.model.backends import (
     KV_CACHE_DTYPES,
     MLA_BACKENDS,
     backend_reasons,
@@ -13,7 +14,6 @@ from pytest_gpuready.backends import (
     parse_gpu_arch,
     select_mla_backend,
 )
-from pytest_gpuready.vllm_version import parse_vllm_version
 
 V017 = parse_vllm_version("0.17.0")
 V018 = parse_vllm_version("0.18.0")

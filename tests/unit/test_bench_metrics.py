@@ -11,16 +11,10 @@ import random
 
 import pytest
 
-from pytest_gpuready.bench import (
-    BenchResult,
-    PromptFactory,
-    RequestOutcome,
-    calculate_metrics,
-    latency_stats,
-    percentile,
-)
-from pytest_gpuready.loadgen import iter_sse_data
-from pytest_gpuready.thresholds import (
+from pytest_gpuready import BenchResult
+from pytest_gpuready.serve.bench import PromptFactory, RequestOutcome, calculate_metrics, latency_stats, percentile
+from pytest_gpuready.serve.loadgen import iter_sse_data
+from pytest_gpuready.serve.thresholds import (
     check_latency,
     check_no_failed_requests,
     check_output_throughput,

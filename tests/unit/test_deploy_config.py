@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready.deploy_config import Deployment, load_deploy_config
-from pytest_gpuready.errors import ConfigError
-from pytest_gpuready.vllm_version import parse_vllm_version
+from pytest_gpuready import ConfigError, Deployment, load_deploy_config, parse_vllm_version
 
 EXAMPLE = Path(__file__).parent.parent.parent / "examples" / "deploy.yaml"
 

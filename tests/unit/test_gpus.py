@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpuready.errors import ProbeError
-from pytest_gpuready.gpus import (
+from pytest_gpuready import ProbeError
+from pytest_gpuready.host.gpus import (
     QUERY_GPU_FIELDS,
     explain_nvidia_smi_failure,
     parse_query_compute_apps,

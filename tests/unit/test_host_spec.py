@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpuready.errors import HostSpecError
-from pytest_gpuready.hosts import HostSpec, SSHHost, parse_host_spec
+from pytest_gpuready import HostSpec, HostSpecError, SSHHost, parse_host_spec
 
 
 @pytest.mark.parametrize(

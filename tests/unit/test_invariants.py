@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpuready.errors import NoGpuError, ProbeError
-from pytest_gpuready.gpus import parse_query_compute_apps, parse_query_gpu
-from pytest_gpuready.invariants import check_gpus_clean, check_shm_clean, check_topology, describe_process
-from pytest_gpuready.snapshot import GpuProcess, HostSnapshot, ShmEntry, ShmStatus
-from pytest_gpuready.topology import parse_topo_matrix
+from pytest_gpuready import (
+    GpuProcess,
+    HostSnapshot,
+    NoGpuError,
+    ProbeError,
+    ShmEntry,
+    ShmStatus,
+    check_gpus_clean,
+    check_shm_clean,
+    check_topology,
+)
+from pytest_gpuready.host.checks import describe_process
+from pytest_gpuready.host.gpus import parse_query_compute_apps, parse_query_gpu
+from pytest_gpuready.host.topology import parse_topo_matrix
 from tests.conftest import captured
 
 MIB = 1024 * 1024

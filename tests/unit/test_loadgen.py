@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready.loadgen import Connection, Endpoint, RequestOutcome, run_coroutine, run_requests, stream_completion
+from pytest_gpuready.serve.loadgen import (
+    Connection,
+    Endpoint,
+    RequestOutcome,
+    run_coroutine,
+    run_requests,
+    stream_completion,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm-logs"
 STREAM = (DATA / "completion-stream-8-tokens.http").read_bytes()

@@ -9,19 +9,23 @@ from typing import Any
 
 import pytest
 
-from pytest_gpuready.errors import NoGpuError
-from pytest_gpuready.gpus import parse_query_gpu
-from pytest_gpuready.model_invariants import (
+from pytest_gpuready import (
+    GpuInfo,
+    GpuProcess,
+    HostSnapshot,
+    ModelSpec,
+    NoGpuError,
     check_fp8_block_alignment,
     check_memory_fit,
     check_mla_kv_backend,
     check_tp_divisibility,
-    effective_kv_cache_dtype,
+    inspect_model,
     kv_cache_bytes_per_token,
-    quantized_layers,
+    model_spec_from_config,
 )
-from pytest_gpuready.models import ModelSpec, Quantization, inspect_model, model_spec_from_config
-from pytest_gpuready.snapshot import GpuInfo, GpuProcess, HostSnapshot
+from pytest_gpuready.host.gpus import parse_query_gpu
+from pytest_gpuready.model.checks import effective_kv_cache_dtype, quantized_layers
+from pytest_gpuready.model.spec import Quantization
 from tests.checkpoints import minimax_m2_tensors, write_checkpoint
 from tests.conftest import captured
 

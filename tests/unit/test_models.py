@@ -9,9 +9,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gpuready.errors import ConfigError
-from pytest_gpuready.hosts import LocalHost
-from pytest_gpuready.models import ModelSpec, inspect_model, model_spec_from_config
+from pytest_gpuready import ConfigError, LocalHost, ModelSpec, inspect_model, model_spec_from_config
 from tests.checkpoints import small_tensors, write_checkpoint
 
 CONFIGS = Path(__file__).parent.parent / "data" / "configs"

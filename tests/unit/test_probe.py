@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready.errors import NoGpuError, ProbeError
-from pytest_gpuready.hosts import CommandResult, LocalHost
-from pytest_gpuready.probe import build_probe_script, snapshot, split_sections
+from pytest_gpuready import CommandResult, LocalHost, NoGpuError, ProbeError, snapshot
+from pytest_gpuready.host.probe import build_probe_script, split_sections
 
 Standin = Callable[[str], Path]
 

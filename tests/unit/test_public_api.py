@@ -35,3 +35,37 @@ def test_verdict_fields() -> None:
 
 def test_every_lazy_export_is_in_all() -> None:
     assert set(pytest_gpuready._EXPORTS) == set(pytest_gpuready.__all__) - {"__version__"}
+
+
+def test_fixture_annotation_types_are_exported() -> None:
+    """What users annotate their fixtures and tests with comes from the root, not from module paths."""
+    wanted = {"ServerFactory", "BenchmarkServing", "ServingBenchmark", "VLLMServer", "ServeSpec", "Footprint",
+              "TeardownReport", "ReadyInfo", "HostSnapshot", "Host", "Verdict", "Deployment", "DeployConfig"}
+    assert wanted <= set(pytest_gpuready.__all__)
+    assert pytest_gpuready.ServerFactory.__module__ == "pytest_gpuready.plugin.server_fixtures"
+
+
+def test_entry_point_is_the_plugin_package() -> None:
+    """The pytest11 entry point ``gpuready`` names ``pytest_gpuready.plugin``, which only lists the fixture modules."""
+    from importlib.metadata import entry_points
+
+    points = {ep.name: ep.value for ep in entry_points(group="pytest11")}
+    assert points.get("gpuready") == "pytest_gpuready.plugin"
+    import pytest_gpuready.plugin as plugin
+
+    assert plugin.pytest_plugins == [
+        "pytest_gpuready.plugin.host_fixtures",
+        "pytest_gpuready.plugin.model_fixtures",
+        "pytest_gpuready.plugin.server_fixtures",
+    ]
+
+
+def test_each_layer_says_what_it_holds_and_may_touch() -> None:
+    import importlib
+
+    for layer in ("host", "model", "serve", "plugin", "preflight"):
+        doc = importlib.import_module(f"pytest_gpuready.{layer}").__doc__ or ""
+        assert len(doc.splitlines()) >= 3, layer
+    for layer in ("host", "model", "serve", "plugin"):
+        doc = importlib.import_module(f"pytest_gpuready.{layer}").__doc__ or ""
+        assert "May import" in doc, layer

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from pytest_gpuready.errors import HostError, ProbeError
-from pytest_gpuready.hosts import LocalHost
-from pytest_gpuready.safetensors_headers import (
+from pytest_gpuready import HostError, LocalHost, ProbeError
+from pytest_gpuready.model.safetensors_headers import (
     MAX_HEADER_BYTES,
     RawShard,
     decode_remote_output,

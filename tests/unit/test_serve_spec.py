@@ -7,11 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready.deploy_config import load_deploy_config
-from pytest_gpuready.errors import ConfigError
-from pytest_gpuready.serve_spec import (
+from pytest_gpuready import ConfigError, ServeSpec, load_deploy_config
+from pytest_gpuready.serve.spec import (
     API_SERVER_MODULE_COMMAND,
-    ServeSpec,
     build_argv,
     build_env,
     command_words,

@@ -15,19 +15,19 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready.errors import ConfigError
-from pytest_gpuready.hosts import LocalHost
-from pytest_gpuready.serve_spec import ServeSpec
-from pytest_gpuready.server import (
+from pytest_gpuready import (
+    ConfigError,
     EngineDeadError,
     Footprint,
+    LocalHost,
     ServerExitedError,
     ServerStartTimeout,
+    ServeSpec,
     VLLMServer,
-    short_gpu_name,
 )
-from pytest_gpuready.server_procs import parse_members, session_members, session_script
-from pytest_gpuready.vllm_log import StartupFigures
+from pytest_gpuready.serve.processes import parse_members, session_members, session_script
+from pytest_gpuready.serve.server import short_gpu_name
+from pytest_gpuready.serve.vllm_log import StartupFigures
 
 
 def sh(script: str) -> str:

@@ -17,9 +17,7 @@ from typing import ClassVar
 
 import pytest
 
-from pytest_gpuready.errors import ConfigError
-from pytest_gpuready.serve_spec import ServeSpec
-from pytest_gpuready.server import EngineDeadError, ServerMismatchError, VLLMServer
+from pytest_gpuready import ConfigError, EngineDeadError, ServerMismatchError, ServeSpec, VLLMServer
 
 
 def model_card(name: str, max_model_len: int) -> dict[str, object]:

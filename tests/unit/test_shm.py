@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready.errors import ProbeError
-from pytest_gpuready.hosts import LocalHost
-from pytest_gpuready.probe import snapshot
-from pytest_gpuready.shm import (
+from pytest_gpuready import LocalHost, ProbeError, snapshot
+from pytest_gpuready.host.shm import (
     leftovers,
     matches_leak_pattern,
     parse_df,

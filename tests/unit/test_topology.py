@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpuready.errors import ProbeError
-from pytest_gpuready.topology import parse_topo_matrix
+from pytest_gpuready import ProbeError
+from pytest_gpuready.host.topology import parse_topo_matrix
 from tests.conftest import captured
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready.vllm_log import (
+from pytest_gpuready.serve.vllm_log import (
     find_cause,
     find_fatal_line,
     last_line,

@@ -7,14 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready.errors import ProbeError
-from pytest_gpuready.hosts import LocalHost
-from pytest_gpuready.vllm_version import (
+from pytest_gpuready import LocalHost, ProbeError, parse_vllm_version
+from pytest_gpuready.model.vllm_version import (
     FP8_MOE_REFINEMENT,
     TRITON_MLA_FP8_KV,
     RuleBoundary,
     parse_version_report,
-    parse_vllm_version,
     read_installed_vllm,
     version_script,
 )

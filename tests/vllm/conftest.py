@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready.serve_spec import ServeSpec
+from pytest_gpuready import ServeSpec
 from tests.tiny_model import SERVED_NAME, write_tiny_llama
 
 HERE = Path(__file__).parent

@@ -27,7 +27,7 @@ def test_tiny_cpu_example_launches_measures_and_tears_down(
     junit = pytester.path / "junit.xml"
     report = pytester.path / "figures.json"
     result = pytester.runpytest_subprocess(
-        "-p", "pytest_gpuready.fixtures_server", "--vllm-cmd", API_SERVER_COMMAND,
+        "-p", "pytest_gpuready.plugin.server_fixtures", "--vllm-cmd", API_SERVER_COMMAND,
         f"--junitxml={junit}", f"--gpuready-json={report}", "-p", "no:cacheprovider", "-rA",
     )
     result.assert_outcomes(passed=3)

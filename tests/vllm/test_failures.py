@@ -18,11 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready.hosts import LocalHost, SSHHost, connect
-from pytest_gpuready.invariants import check_shm_clean
-from pytest_gpuready.probe import snapshot
-from pytest_gpuready.serve_spec import ServeSpec
-from pytest_gpuready.server import ServerExitedError, VLLMServer
+from pytest_gpuready import (
+    LocalHost,
+    ServerExitedError,
+    ServeSpec,
+    SSHHost,
+    VLLMServer,
+    check_shm_clean,
+    connect,
+    snapshot,
+)
 from tests.sshd import LoopbackSshd
 from tests.vllm.conftest import API_SERVER_COMMAND, SERVER_ENV, session_pids, shm_names
 
@@ -112,7 +117,6 @@ def test_kill_9_leaves_shm_files_that_shm_clean_reports(tiny_spec: ServeSpec, tm
 
 
 CTRL_C_TEST = """
-from pytest_gpuready.serve_spec import ServeSpec
 
 def test_start(vllm_server):
     vllm_server(ServeSpec(model={model!r}, served_model_name="tiny-llama", max_model_len=1024,
@@ -129,7 +133,7 @@ def test_ctrl_c_during_startup_leaves_no_process(
     out = tmp_path / "stdout.txt"
     with out.open("wb") as stdout:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "pytest", "-p", "pytest_gpuready.fixtures_server", "-p", "no:cacheprovider",
+            [sys.executable, "-m", "pytest", "-p", "pytest_gpuready.plugin.server_fixtures", "-p", "no:cacheprovider",
              "-s", str(pytester.path / "test_interrupted.py")],
             cwd=pytester.path, stdout=stdout, stderr=subprocess.STDOUT,
         )

@@ -16,10 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from pytest_gpuready.bench import run_benchmark
-from pytest_gpuready.hosts import LocalHost
-from pytest_gpuready.serve_spec import ServeSpec
-from pytest_gpuready.server import ServerMismatchError, VLLMServer
+from pytest_gpuready import LocalHost, ServerMismatchError, ServeSpec, VLLMServer, run_benchmark
 from tests.vllm.conftest import MAX_MODEL_LEN, session_pids, shm_names
 
 SERVED = "tiny-llama"
@@ -124,7 +121,6 @@ def test_attach_to_a_server_of_another_model_fails_with_what_it_serves(shared: S
 
 FIXTURE_TESTS = """
 import pytest
-from pytest_gpuready.serve_spec import ServeSpec
 
 SPEC = ServeSpec(model="unused-when-attached", served_model_name="tiny-llama")
 
@@ -147,7 +143,7 @@ def test_fixtures_attached_by_url_pass_and_fail_thresholds(shared: Shared, pytes
     junit = pytester.path / "junit.xml"
     report = pytester.path / "report.json"
     result = pytester.runpytest_subprocess(
-        "-p", "pytest_gpuready.fixtures_server", "--vllm-url", shared.server.url,
+        "-p", "pytest_gpuready.plugin.server_fixtures", "--vllm-url", shared.server.url,
         f"--junitxml={junit}", f"--gpuready-json={report}", "-p", "no:cacheprovider",
     )
     result.assert_outcomes(passed=1, failed=1)

@@ -1,7 +1,7 @@
 """Our metric aggregation equals vLLM's own ``calculate_metrics`` on the same request timings.
 
 No server: random but realistic per-request timings are fed both to
-:func:`pytest_gpuready.bench.calculate_metrics` and to ``vllm.benchmarks.serve.calculate_metrics``
+:func:`pytest_gpuready.serve.bench.calculate_metrics` and to ``vllm.benchmarks.serve.calculate_metrics``
 from the installed vLLM, and every reported figure must agree. This pins "the metrics exactly as
 ``vllm bench serve`` defines them" to the code vLLM ships, not to our reading of it.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gpuready.bench import RequestOutcome, calculate_metrics
+from pytest_gpuready.serve.bench import RequestOutcome, calculate_metrics
 
 # Importing vLLM imports torch, which warns about its own deprecations; they are not ours.
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pytest_gpuready.errors import ProbeError
-from pytest_gpuready.snapshot import GpuInfo, GpuProcess
+from pytest_gpuready.host.snapshot import GpuInfo, GpuProcess
 
 QUERY_GPU_FIELDS: tuple[str, ...] = (
     "index", "uuid", "name", "pci.bus_id", "memory.used", "memory.total",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_gpuready.hosts import Host
+from pytest_gpuready.host.hosts import Host
 
 _SESSION_SCRIPT = r"""
 sid={sid}; min_start={min_start}; sig={sig}

@@ -15,7 +15,7 @@ import shlex
 from dataclasses import dataclass, field
 
 from pytest_gpuready.errors import ProbeError
-from pytest_gpuready.hosts import Host
+from pytest_gpuready.host.hosts import Host
 
 _VERSION_RE = re.compile(
     r"""^\s*v?

@@ -10,8 +10,8 @@ import time
 from collections.abc import Sequence
 from itertools import combinations
 
-from pytest_gpuready.shm import LEAK_PATTERNS, matches_leak_pattern
-from pytest_gpuready.snapshot import GpuInfo, GpuProcess, HostSnapshot, ShmEntry
+from pytest_gpuready.host.shm import LEAK_PATTERNS, matches_leak_pattern
+from pytest_gpuready.host.snapshot import GpuInfo, GpuProcess, HostSnapshot, ShmEntry
 from pytest_gpuready.verdict import Verdict
 
 DEFAULT_MAX_USED_MIB = 64

@@ -14,7 +14,7 @@ and aggregated as ``calculate_metrics`` in ``vllm/benchmarks/serve.py`` does (se
 its own prompt of exactly ``prompt_tokens`` token ids (sent as a list of ints, which vLLM accepts,
 so the count is exact and no prefix is shared), ``max_tokens=output_tokens`` with ``ignore_eos``.
 
-Concurrency is N workers on one event loop (:mod:`pytest_gpuready.loadgen`), each with its own
+Concurrency is N workers on one event loop (:mod:`pytest_gpuready.serve.loadgen`), each with its own
 keep-alive HTTP connection, pulling from a shared request counter: the same "at most N in flight"
 as ``--max-concurrency N`` with an infinite request rate.
 """
@@ -31,7 +31,7 @@ from typing import Any
 import requests as requests_lib
 
 from pytest_gpuready.errors import GpuReadyError
-from pytest_gpuready.loadgen import Endpoint, RequestOutcome, run_coroutine, run_requests
+from pytest_gpuready.serve.loadgen import Endpoint, RequestOutcome, run_coroutine, run_requests
 
 DEFAULT_CONCURRENCY = (1, 8, 64)
 DEFAULT_PROMPT_TOKENS = 256

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 from pytest_gpuready.errors import ProbeError
-from pytest_gpuready.snapshot import GpuLink, Topology
+from pytest_gpuready.host.snapshot import GpuLink, Topology
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _GPU_NAME = re.compile(r"^GPU(\d+)$")

@@ -2,9 +2,9 @@
 ``fp8_block_alignment``, ``mla_kv_backend_supported``, ``memory_fit``.
 
 Loaded by :mod:`pytest_gpuready.plugin`. The checks live in
-:mod:`pytest_gpuready.model_invariants`; this module resolves where the model, the vLLM version
+:mod:`pytest_gpuready.model.checks`; this module resolves where the model, the vLLM version
 and the GPU architecture come from, and turns Verdicts into outcomes with
-:mod:`pytest_gpuready.outcomes` (a failed precondition fails the test in setup; warnings go to
+:mod:`pytest_gpuready.plugin.outcomes` (a failed precondition fails the test in setup; warnings go to
 the warnings summary). Pure checks never touch a host: the GPU snapshot is requested only when
 a check needs it (memory fit, or the architecture when neither the marker, the deployment nor
 ``--gpu-arch`` gives one).
@@ -22,23 +22,23 @@ from typing import Any
 
 import pytest
 
-from pytest_gpuready import settings as s
-from pytest_gpuready.backends import KV_CACHE_DTYPES, format_arch, parse_gpu_arch
-from pytest_gpuready.deploy_config import DeployConfig, Deployment, load_deploy_config
 from pytest_gpuready.errors import ConfigError, GpuReadyError
-from pytest_gpuready.host_session import get_host_session
-from pytest_gpuready.model_invariants import (
+from pytest_gpuready.host.snapshot import HostSnapshot
+from pytest_gpuready.model.backends import KV_CACHE_DTYPES, format_arch, parse_gpu_arch
+from pytest_gpuready.model.checks import (
     DEFAULT_RESERVE_GIB,
     check_fp8_block_alignment,
     check_memory_fit,
     check_mla_kv_backend,
     check_tp_divisibility,
 )
-from pytest_gpuready.models import ModelSpec, inspect_model
-from pytest_gpuready.outcomes import checked, expect
-from pytest_gpuready.snapshot import HostSnapshot
+from pytest_gpuready.model.deploy_config import DeployConfig, Deployment, load_deploy_config
+from pytest_gpuready.model.spec import ModelSpec, inspect_model
+from pytest_gpuready.model.vllm_version import VllmVersion, parse_vllm_version
+from pytest_gpuready.plugin import settings as s
+from pytest_gpuready.plugin.host_session import get_host_session
+from pytest_gpuready.plugin.outcomes import checked, expect
 from pytest_gpuready.verdict import Verdict
-from pytest_gpuready.vllm_version import VllmVersion, parse_vllm_version
 
 NO_DEPLOY_FILE = "no-deploy-file"
 """The single parameter the preflight suite gets when no deploy file is given (its tests skip)."""

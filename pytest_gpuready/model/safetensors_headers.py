@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from pytest_gpuready.errors import HostError, ProbeError
-from pytest_gpuready.hosts import Host
+from pytest_gpuready.host.hosts import Host
 
 MAX_HEADER_BYTES = 100_000_000
 """safetensors refuses larger headers (its ``HeaderTooLarge`` error)."""

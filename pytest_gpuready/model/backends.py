@@ -3,7 +3,7 @@ each one accepts, and the order vLLM tries them in.
 
 vLLM picks an attention backend at engine start, after the weights are loaded; when none fits
 it raises ``No valid attention backend found ... Reasons: {...}``. Keeping the support matrix
-here, in one place with its sources, lets :func:`pytest_gpuready.model_invariants.check_mla_kv_backend`
+here, in one place with its sources, lets :func:`pytest_gpuready.model.checks.check_mla_kv_backend`
 give the same answer in milliseconds, and makes a vLLM upgrade a data change.
 
 Sources (read from the vLLM wheels; see ``shared/reference/vllm-invariants.md`` §2.2-2.3):
@@ -21,7 +21,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from pytest_gpuready.vllm_version import VllmVersion
+from pytest_gpuready.model.vllm_version import VllmVersion
 
 Version = tuple[int, int]
 

@@ -1,7 +1,7 @@
 """Host-level options, fixtures and markers: ``gpu_host``, ``gpu_snapshot``, ``gpus_clean``, ``shm_clean``.
 
 Loaded by :mod:`pytest_gpuready.plugin`. The checks themselves live in
-:mod:`pytest_gpuready.invariants`; this module only resolves settings, owns the session's
+:mod:`pytest_gpuready.host.checks`; this module only resolves settings, owns the session's
 :class:`HostSession`, and turns Verdicts into test outcomes.
 """
 
@@ -12,16 +12,21 @@ from typing import Any
 
 import pytest
 
-from pytest_gpuready import settings as s
 from pytest_gpuready.errors import HostSpecError
-from pytest_gpuready.host_session import HOST_SESSION_KEY, HostSession, get_host_session
-from pytest_gpuready.hosts import Host, HostSpec, parse_host_spec, validate_ssh_option
-from pytest_gpuready.invariants import DEFAULT_MAX_USED_MIB, DEFAULT_SHM_MIN_FREE_MIB, check_gpus_clean, check_shm_clean
-from pytest_gpuready.outcomes import checked, expect
-from pytest_gpuready.probe import READERS
-from pytest_gpuready.report import gpu_table, header_lines
-from pytest_gpuready.shm import remove_leftovers
-from pytest_gpuready.snapshot import HostSnapshot
+from pytest_gpuready.host.checks import (
+    DEFAULT_MAX_USED_MIB,
+    DEFAULT_SHM_MIN_FREE_MIB,
+    check_gpus_clean,
+    check_shm_clean,
+)
+from pytest_gpuready.host.hosts import Host, HostSpec, parse_host_spec, validate_ssh_option
+from pytest_gpuready.host.probe import READERS
+from pytest_gpuready.host.shm import remove_leftovers
+from pytest_gpuready.host.snapshot import HostSnapshot
+from pytest_gpuready.plugin import settings as s
+from pytest_gpuready.plugin.host_session import HOST_SESSION_KEY, HostSession, get_host_session
+from pytest_gpuready.plugin.outcomes import checked, expect
+from pytest_gpuready.plugin.report import gpu_table, header_lines
 from pytest_gpuready.verdict import Verdict
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from pytest_gpuready.snapshot import HostSnapshot
+from pytest_gpuready.host.snapshot import HostSnapshot
 
 
 def header_lines(snapshot: HostSnapshot) -> list[str]:

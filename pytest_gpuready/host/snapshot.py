@@ -1,7 +1,7 @@
 """What a probe saw on a host at one moment: GPUs, their processes, /dev/shm, topology, vLLM.
 
 Plain frozen data, so checks can be pure functions of a snapshot and tests can build one from
-captured outputs. :mod:`pytest_gpuready.probe` fills it in one round trip.
+captured outputs. :mod:`pytest_gpuready.host.probe` fills it in one round trip.
 """
 
 from __future__ import annotations

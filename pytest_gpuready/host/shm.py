@@ -14,8 +14,8 @@ import shlex
 from collections.abc import Iterable, Sequence
 
 from pytest_gpuready.errors import ProbeError
-from pytest_gpuready.hosts import Host
-from pytest_gpuready.snapshot import ShmEntry, ShmStatus
+from pytest_gpuready.host.hosts import Host
+from pytest_gpuready.host.snapshot import ShmEntry, ShmStatus
 
 SHM_DIR = "/dev/shm"
 

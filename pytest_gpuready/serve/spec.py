@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_gpuready.errors import ConfigError
 
 if TYPE_CHECKING:
-    from pytest_gpuready.deploy_config import Deployment
+    from pytest_gpuready.model.deploy_config import Deployment
 
 DEFAULT_COMMAND = "vllm serve"
 API_SERVER_MODULE_COMMAND = "python -m vllm.entrypoints.openai.api_server"

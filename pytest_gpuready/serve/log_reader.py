@@ -14,7 +14,7 @@ import shlex
 from pathlib import Path
 
 from pytest_gpuready.errors import HostError
-from pytest_gpuready.hosts import Host
+from pytest_gpuready.host.hosts import Host
 
 MAX_READ_BYTES = 4 * 1024 * 1024
 

@@ -13,12 +13,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from pytest_gpuready import gpus as gpu_readers
 from pytest_gpuready.errors import GpuReadyError, ProbeError
-from pytest_gpuready.hosts import Host
-from pytest_gpuready.shm import SHM_DF_SCRIPT, SHM_LIST_SCRIPT, SHM_OPEN_SCRIPT, build_shm_status
-from pytest_gpuready.snapshot import GpuInfo, GpuProcess, HostSnapshot, Topology
-from pytest_gpuready.topology import parse_topo_matrix
+from pytest_gpuready.host import gpus as gpu_readers
+from pytest_gpuready.host.hosts import Host
+from pytest_gpuready.host.shm import SHM_DF_SCRIPT, SHM_LIST_SCRIPT, SHM_OPEN_SCRIPT, build_shm_status
+from pytest_gpuready.host.snapshot import GpuInfo, GpuProcess, HostSnapshot, Topology
+from pytest_gpuready.host.topology import parse_topo_matrix
 
 SECTION_PREFIX = "@@gpuready "
 READERS = ("auto", "nvml", "nvidia-smi")

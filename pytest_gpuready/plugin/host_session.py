@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from pytest_gpuready.errors import GpuReadyError
-from pytest_gpuready.hosts import Host, HostSpec, connect
-from pytest_gpuready.probe import snapshot as take_snapshot
-from pytest_gpuready.snapshot import HostSnapshot
+from pytest_gpuready.host.hosts import Host, HostSpec, connect
+from pytest_gpuready.host.probe import snapshot as take_snapshot
+from pytest_gpuready.host.snapshot import HostSnapshot
 
 
 @dataclass

@@ -6,8 +6,8 @@ the sizes and what would work instead. The rules, their vLLM source locations an
 they changed in are in ``shared/reference/vllm-invariants.md``; every verdict names the rule
 set it applied (``vLLM <= 0.28 rules``), and says so when the vLLM version was unknown.
 
-No I/O here: the model comes from :func:`pytest_gpuready.models.inspect_model`, the GPUs from a
-:class:`~pytest_gpuready.snapshot.HostSnapshot`.
+No I/O here: the model comes from :func:`pytest_gpuready.model.spec.inspect_model`, the GPUs from a
+:class:`~pytest_gpuready.host.snapshot.HostSnapshot`.
 """
 
 from __future__ import annotations
@@ -19,23 +19,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_gpuready.backends import (
+from pytest_gpuready.host.snapshot import GpuInfo, HostSnapshot
+from pytest_gpuready.model.backends import (
     FP8_KV_DTYPES,
     MIN_FP8_CAPABILITY,
     format_arch,
     parse_gpu_arch,
     select_mla_backend,
 )
-from pytest_gpuready.models import ModelSpec
-from pytest_gpuready.snapshot import GpuInfo, HostSnapshot
-from pytest_gpuready.verdict import Verdict
-from pytest_gpuready.vllm_version import (
+from pytest_gpuready.model.spec import ModelSpec
+from pytest_gpuready.model.vllm_version import (
     FP8_MOE_REFINEMENT,
     TRITON_MLA_FP8_KV,
     RuleBoundary,
     VllmVersion,
     coerce_version,
 )
+from pytest_gpuready.verdict import Verdict
 
 GIB = 1024**3
 MIB = 1024**2

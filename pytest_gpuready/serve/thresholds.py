@@ -8,7 +8,7 @@ details. A figure that was not measured is a failed verdict that says so, never 
 
 from __future__ import annotations
 
-from pytest_gpuready.bench import BenchResult, LevelResult
+from pytest_gpuready.serve.bench import BenchResult, LevelResult
 from pytest_gpuready.verdict import Verdict
 
 LATENCY_METRICS = {"ttft": "TTFT", "tpot": "TPOT", "itl": "ITL", "e2el": "E2EL"}

@@ -3,7 +3,7 @@
 The load-time rules vLLM enforces (FP8 block alignment, TP divisibility, MLA backends, KV-cache
 size) are arithmetic on a handful of ``config.json`` numbers plus the quantization config and
 the weight sizes. This module reads exactly those, once, into typed data, so the checks in
-:mod:`pytest_gpuready.model_invariants` stay pure and every rule can be tested with a public
+:mod:`pytest_gpuready.model.checks` stay pure and every rule can be tested with a public
 config and no weights.
 
 Key names differ between model families; each one read here is listed with the family that
@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_gpuready.errors import ConfigError
-from pytest_gpuready.hosts import Host
-from pytest_gpuready.safetensors_headers import ModelFiles, inspect_files, inspect_files_remote
+from pytest_gpuready.host.hosts import Host
+from pytest_gpuready.model.safetensors_headers import ModelFiles, inspect_files, inspect_files_remote
 
 MLA_MODEL_TYPES = frozenset({
     "AXK1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "deepseek_mtp", "glm_moe_dsa",

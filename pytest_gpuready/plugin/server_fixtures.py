@@ -1,6 +1,6 @@
 """Server options and fixtures: ``vllm_server`` (launch or attach) and ``benchmark_serving``.
 
-Loaded by :mod:`pytest_gpuready.plugin` (or ``-p pytest_gpuready.fixtures_server``).
+Loaded by :mod:`pytest_gpuready.plugin` (or ``-p pytest_gpuready.plugin.server_fixtures``).
 
 ``vllm_server`` is a session-scoped factory: a launch can take minutes (13 for a 1T-parameter
 model), so a server is started once per distinct :class:`ServeSpec` and shared by every test
@@ -31,17 +31,17 @@ from typing import Any
 
 import pytest
 
-from pytest_gpuready import settings as s
-from pytest_gpuready.bench import BenchResult, run_benchmark
-from pytest_gpuready.deploy_config import Deployment, Throughput
 from pytest_gpuready.errors import ConfigError, GpuReadyError
-from pytest_gpuready.fixtures_model import SKIP_NO_DEPLOY_FILE, deploy_config_of
-from pytest_gpuready.host_session import HOST_SESSION_KEY, HostSession
-from pytest_gpuready.hosts import Host, LocalHost
-from pytest_gpuready.serve_spec import DEFAULT_COMMAND, ServeSpec, spec_from_deployment
-from pytest_gpuready.server import ServerError, TeardownReport, VLLMServer
-from pytest_gpuready.snapshot import HostSnapshot
-from pytest_gpuready.thresholds import (
+from pytest_gpuready.host.hosts import Host, LocalHost
+from pytest_gpuready.host.snapshot import HostSnapshot
+from pytest_gpuready.model.deploy_config import Deployment, Throughput
+from pytest_gpuready.plugin import settings as s
+from pytest_gpuready.plugin.host_session import HOST_SESSION_KEY, HostSession
+from pytest_gpuready.plugin.model_fixtures import SKIP_NO_DEPLOY_FILE, deploy_config_of
+from pytest_gpuready.serve.bench import BenchResult, run_benchmark
+from pytest_gpuready.serve.server import ServerError, TeardownReport, VLLMServer
+from pytest_gpuready.serve.spec import DEFAULT_COMMAND, ServeSpec, spec_from_deployment
+from pytest_gpuready.serve.thresholds import (
     check_latency,
     check_no_failed_requests,
     check_output_throughput,
@@ -369,6 +369,11 @@ class ServerFactory:
         __tracebackhide__ = True
         spec = target.spec if isinstance(target, VLLMServer) else self._pool.resolve(target)
         return self._pool.stop(spec, fail=True)
+
+    @property
+    def attaching(self) -> bool:
+        """True with ``--vllm-url``: the factory attaches to a running server and launches nothing."""
+        return VLLM_URL.get(self._pool.config) is not None
 
     @property
     def servers(self) -> list[VLLMServer]:

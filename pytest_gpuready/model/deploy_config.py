@@ -36,9 +36,9 @@ from typing import Any
 
 import yaml
 
-from pytest_gpuready.backends import KV_CACHE_DTYPES, parse_gpu_arch
 from pytest_gpuready.errors import ConfigError
-from pytest_gpuready.vllm_version import VllmVersion, parse_vllm_version
+from pytest_gpuready.model.backends import KV_CACHE_DTYPES, parse_gpu_arch
+from pytest_gpuready.model.vllm_version import VllmVersion, parse_vllm_version
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HUMAN_INT_RE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")

@@ -1,0 +1,174 @@
+"""Bringing a launched server down and proving it left nothing.
+
+Teardown signals only the processes of the session it started (see
+:mod:`pytest_gpuready.serve.processes`): SIGTERM, a short poll until they are gone, SIGKILL for
+survivors. Then it polls until the GPUs the server used are clean and the ``/dev/shm`` files
+that appeared while it ran are gone, and reports how long that took and what was left. Every
+wait is a poll against a deadline, never a fixed sleep, so a fast machine is not slowed and a
+busy one is not failed early.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_gpuready.errors import HostError, ProbeError
+from pytest_gpuready.host.checks import check_gpus_clean
+from pytest_gpuready.host.hosts import Host
+from pytest_gpuready.host.shm import SHM_LIST_SCRIPT, parse_shm_listing
+from pytest_gpuready.serve import processes
+from pytest_gpuready.serve.footprint import SnapshotFn
+from pytest_gpuready.serve.launch import LaunchedProcess
+from pytest_gpuready.verdict import Verdict
+
+
+@dataclass(frozen=True)
+class TeardownReport:
+    """How the server was brought down and what, if anything, it left."""
+
+    server: str
+    duration_s: float
+    stopped: tuple[str, ...] = ()
+    """Each process that was running when teardown began (``pid N (cmd)``)."""
+    needed_kill: tuple[str, ...] = ()
+    """Processes still alive after SIGTERM and the grace period, so sent SIGKILL."""
+    survivors: tuple[str, ...] = ()
+    """Processes alive even after SIGKILL (stuck in the kernel, e.g. the GPU driver)."""
+    shm_leftovers: tuple[str, ...] = ()
+    gpu_verdict: Verdict | None = None
+    exit_code: int | None = None
+    attached: bool = False
+    notes: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        gpu_ok = self.gpu_verdict is None or self.gpu_verdict.ok
+        return not self.survivors and not self.shm_leftovers and gpu_ok
+
+    @property
+    def summary(self) -> str:
+        if self.attached:
+            return f"{self.server}: attached to a running server; not stopped"
+        gpus = ""
+        if self.gpu_verdict is not None:
+            gpus = ", GPUs clean" if self.gpu_verdict.ok else ", GPUs NOT clean"
+        how = f"{len(self.stopped)} processes stopped"
+        if self.needed_kill:
+            how += f" ({len(self.needed_kill)} needed SIGKILL)"
+        shm = ", /dev/shm clean" if not self.shm_leftovers else f", {len(self.shm_leftovers)} /dev/shm files left"
+        state = "clean" if self.ok else "NOT clean"
+        return f"{self.server}: teardown {state} in {self.duration_s:.1f} s: {how}{shm}{gpus}"
+
+    @property
+    def message(self) -> str:
+        lines = [self.summary]
+        lines += [f"  needed SIGKILL: {p}" for p in self.needed_kill]
+        lines += [f"  still running after SIGKILL: {p}" for p in self.survivors]
+        lines += [f"  left in /dev/shm: {name}" for name in self.shm_leftovers]
+        if self.gpu_verdict is not None and not self.gpu_verdict.ok:
+            lines += [f"  {line}" for line in self.gpu_verdict.message.splitlines()]
+        lines += [f"  note: {note}" for note in self.notes]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "duration_s": round(self.duration_s, 3), "stopped": list(self.stopped),
+            "needed_kill": list(self.needed_kill), "survivors": list(self.survivors),
+            "shm_leftovers": list(self.shm_leftovers), "exit_code": self.exit_code,
+            "gpus_clean": None if self.gpu_verdict is None else self.gpu_verdict.ok,
+        }
+
+
+def poll_until(predicate: Callable[[], bool], timeout_s: float, *, local: bool) -> bool:
+    """Poll ``predicate`` at short, growing intervals until true or ``timeout_s``; no fixed sleeps."""
+    deadline = time.monotonic() + timeout_s
+    interval = 0.05 if local else 0.25
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+        interval = min(interval * 1.5, 0.5 if local else 1.0)
+
+
+@dataclass(frozen=True)
+class Signalled:
+    """What :func:`stop_session` did: who was running, who needed SIGKILL, who survived it."""
+
+    stopped: tuple[str, ...]
+    needed_kill: tuple[str, ...]
+    survivors: tuple[str, ...]
+
+
+def session_members(host: Host, process: LaunchedProcess, signal_name: str | None = None,
+                    ) -> list[processes.ServerProcess]:
+    """The live members of the launched process's session (signalled in the same round trip if asked)."""
+    process.reap()
+    members = processes.session_members(host, process.pid, process.start_ticks, signal_name)
+    return [p for p in members if p.alive]
+
+
+def stop_session(host: Host, process: LaunchedProcess, *, term_grace_s: float, kill_timeout_s: float) -> Signalled:
+    """SIGTERM every member of the session, SIGKILL whoever outlives ``term_grace_s``."""
+    running = session_members(host, process, "TERM")
+    stopped = tuple(p.label for p in running)
+    needed_kill: tuple[str, ...] = ()
+    if running and not poll_until(lambda: not session_members(host, process), term_grace_s, local=host.is_local):
+        stubborn = session_members(host, process, "KILL")
+        needed_kill = tuple(p.label for p in stubborn)
+        poll_until(lambda: not session_members(host, process), kill_timeout_s, local=host.is_local)
+    survivors = tuple(p.label for p in session_members(host, process))
+    return Signalled(stopped, needed_kill, survivors)
+
+
+def list_shm(host: Host) -> set[str]:
+    """Names in the host's ``/dev/shm`` (empty when it cannot be listed)."""
+    try:
+        result = host.run(SHM_LIST_SCRIPT, timeout=30)
+        return {row[0] for row in parse_shm_listing(result.stdout, host.name)}
+    except (ProbeError, HostError):
+        return set()
+
+
+def wait_shm_gone(host: Host, before: set[str], timeout_s: float) -> tuple[str, ...]:
+    """Poll until no ``/dev/shm`` file absent from ``before`` remains; return those that still do."""
+
+    def new_files() -> set[str]:
+        return list_shm(host) - before
+
+    if poll_until(lambda: not new_files(), timeout_s, local=host.is_local):
+        return ()
+    return tuple(sorted(new_files()))
+
+
+def wait_gpus_clean(snapshot_fn: SnapshotFn, gpus: Sequence[int] | None, max_used_mib: int,
+                    timeout_s: float, *, local: bool) -> Verdict:
+    """Poll until the server's GPUs read clean; the last verdict either way."""
+    latest: list[Verdict] = []
+
+    def clean() -> bool:
+        try:
+            verdict = check_gpus_clean(snapshot_fn(), gpus=gpus, max_used_mib=max_used_mib)
+        except (ProbeError, HostError) as exc:
+            verdict = Verdict.failed(f"GPUs could not be read after teardown: {exc}")
+        latest.append(verdict)
+        return verdict.ok
+
+    poll_until(clean, timeout_s, local=local)
+    return latest[-1]
+
+
+__all__ = [
+    "Signalled",
+    "TeardownReport",
+    "list_shm",
+    "poll_until",
+    "session_members",
+    "stop_session",
+    "wait_gpus_clean",
+    "wait_shm_gone",
+]
