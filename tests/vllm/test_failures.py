@@ -117,6 +117,8 @@ def test_kill_9_leaves_shm_files_that_shm_clean_reports(tiny_spec: ServeSpec, tm
 
 
 CTRL_C_TEST = """
+from pytest_gpuready import ServeSpec
+
 
 def test_start(vllm_server):
     vllm_server(ServeSpec(model={model!r}, served_model_name="tiny-llama", max_model_len=1024,

@@ -121,6 +121,7 @@ def test_attach_to_a_server_of_another_model_fails_with_what_it_serves(shared: S
 
 FIXTURE_TESTS = """
 import pytest
+from pytest_gpuready import ServeSpec
 
 SPEC = ServeSpec(model="unused-when-attached", served_model_name="tiny-llama")
 
