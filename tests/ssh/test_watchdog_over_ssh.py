@@ -55,7 +55,7 @@ def test_sigkill_of_pytest_stops_its_server_on_the_ssh_host(
         )
     new_masters: dict[int, str] = {}
     try:
-        match = wait_for_output(proc, out, WATCHING, 120)
+        match = wait_for_output(proc, out, WATCHING, 300)
         sid, log = int(match.group(2)), match.group(3)
         wait_until(lambda: len(alive(sid)) >= 3, 60, "the remote server's processes")
         new_masters = {pid: path for pid, path in masters().items() if pid not in masters_before}

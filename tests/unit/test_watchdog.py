@@ -86,7 +86,7 @@ def test_sigkill_of_pytest_while_its_server_loads_stops_the_server(
             cwd=pytester.path, stdout=stdout, stderr=subprocess.STDOUT,
         )
     try:
-        match = wait_for_output(proc, out, WATCHING, 120)
+        match = wait_for_output(proc, out, WATCHING, 300)
         watchdog_pid, sid, log = int(match.group(1)), int(match.group(2)), Path(match.group(3))
         assert STARTED.search(out.read_text())
         wait_until(lambda: len(alive(sid)) >= 3, 60, "the server's three processes")
