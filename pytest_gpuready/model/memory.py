@@ -47,7 +47,11 @@ SAMPLER_BYTES_PER_LOGIT = 18
 """Live bytes per (request, vocab entry) at the sampler's peak with the Triton top-k/top-p kernel
 (0.19-0.32, ``apply_top_k_top_p_triton`` for >= 8 requests): the lm_head's bf16 logits (2), their
 float32 copy (4), the softmax probabilities (4), the exponential noise ``q`` (4) and ``probs.div(q)`` (4)
-(``topk_topp_sampler.py:forward_native`` / ``random_sample``)."""
+(``topk_topp_sampler.py:forward_native`` / ``random_sample``): the V1 model runner's sampler."""
+SAMPLER_BYTES_PER_LOGIT_V2 = 6
+"""The V2 model runner's sampler (0.25+, ``v1/worker/gpu/sample``): the bf16 logits and one float32
+copy. An upper bound from the H200 logs of vLLM 0.25.0: with Llama-3.1-8B (vocab 128,256, 1,024
+dummy requests) the whole reserve is 1.14 GiB, of which the forward pass alone is 0.84 GiB."""
 BASE_NON_TORCH_BYTES = int(0.28 * GIB)
 """Non-torch memory a TP=1 worker adds between its start snapshot and the end of profiling (lazily
 loaded kernel modules, cuBLAS handles): measured 0.27-0.30 GiB on the H200 with vLLM 0.25.0
@@ -219,15 +223,15 @@ def weights_term(model: ModelSpec, tp: int, pp: int, settings: ServeSettings) ->
 def forward_activation_bytes(model: ModelSpec, tp: int, ep: bool, tokens: int, dtype_bytes: int) -> int:
     """Live tensors at the widest point of one decoder layer in the profile's dummy forward pass.
 
-    Dense MLP: residual and normed input (2 x hidden), ``gate_up`` output (2 x I / TP) and the
-    activation output (I / TP). Fused MoE (``fused_moe.py`` workspaces, at most
+    Dense MLP: residual, normed input and the down projection's output (3 x hidden), ``gate_up``
+    output (2 x I / TP) and the activation output (I / TP). Fused MoE (``fused_moe.py`` workspaces, at most
     ``VLLM_FUSED_MOE_CHUNK_SIZE`` tokens at once): per routed token ``2N + N + hidden`` with
     ``N = I_moe / moe_tp``. Attention: the QKV output and the attention output.
     """
     hidden = model.hidden_size
     widest = 0
     if model.intermediate_size and model.dense_layer_count:
-        widest = max(widest, tokens * (2 * hidden + 3 * model.intermediate_size // tp))
+        widest = max(widest, tokens * (3 * hidden + 3 * model.intermediate_size // tp))
     if model.is_moe:
         moe_tp = 1 if ep else tp
         width = (model.moe_intermediate_size or 0) // moe_tp
@@ -235,7 +239,7 @@ def forward_activation_bytes(model: ModelSpec, tp: int, ep: bool, tokens: int, d
         topk = model.num_experts_per_tok or 1
         routed = chunk * topk * (3 * width + hidden)
         shared = tokens * 3 * (model.shared_expert_intermediate_size // tp)
-        widest = max(widest, tokens * 2 * hidden + routed + shared)
+        widest = max(widest, tokens * 3 * hidden + routed + shared)
     if model.is_mla:
         heads = model.num_attention_heads // tp
         q = heads * ((model.qk_nope_head_dim or 0) + (model.qk_rope_head_dim or 0))
@@ -248,9 +252,10 @@ def forward_activation_bytes(model: ModelSpec, tp: int, ep: bool, tokens: int, d
     return max(widest, attention) * dtype_bytes
 
 
-def sampler_bytes(model: ModelSpec, requests: int) -> int:
-    """The sampler run over ``requests`` dummy requests (see :data:`SAMPLER_BYTES_PER_LOGIT`)."""
-    return requests * model.vocab_size * SAMPLER_BYTES_PER_LOGIT
+def sampler_bytes(model: ModelSpec, requests: int, version: VllmVersion | None = None) -> int:
+    """The sampler run over ``requests`` dummy requests (:data:`SAMPLER_BYTES_PER_LOGIT`, ``_V2``)."""
+    per_logit = SAMPLER_BYTES_PER_LOGIT_V2 if _uses_v2_runner(model, version) else SAMPLER_BYTES_PER_LOGIT
+    return requests * model.vocab_size * per_logit
 
 
 def kv_bytes_per_token(model: ModelSpec, tp: int, kv_dtype_bytes: int, fp8_ds_mla: bool = False,
@@ -289,7 +294,7 @@ def plan_memory(
     dtype_bytes = _activation_dtype_bytes(model, settings)
     requests = min(seqs, batched)
     forward = forward_activation_bytes(model, tp, ep, batched, dtype_bytes)
-    sampler = sampler_bytes(model, requests)
+    sampler = sampler_bytes(model, requests, version)
     mode = "eager" if settings.enforce_eager else "compiled"
     terms = [
         weights_term(model, tp, pp, settings),

@@ -434,7 +434,7 @@ def test_minimax_tp4_fits_on_rtx_pro_6000(minimax_weights: ModelSpec) -> None:
                                   "(vllm/v1/worker/utils.py:request_memory)")
     assert verdict.details[1] == "- weights: 53.63 GiB (read; read from the safetensors headers)"
     assert verdict.details[2].startswith("- activation peak: 3.43 GiB (derived; profile run, compiled: "
-                                         "max(forward over max_num_batched_tokens=8,192 0.61 GiB, sampler "
+                                         "max(forward over max_num_batched_tokens=8,192 0.66 GiB, sampler "
                                          "over 1,024 dummy requests x vocab 200,064 3.43 GiB)")
     assert verdict.details[3].startswith("- non-torch: 1.88 GiB (measured; ")
     assert verdict.details[4] == ("KV cache: 27.09 GiB = budget - the terms above; / 63,488 bytes per token "
