@@ -103,7 +103,8 @@ def test_write_deploy_is_loaded_and_run_by_the_preflight(tmp_path: Path) -> None
     result = subprocess.run(
         # The deployment half of the preflight (the host half reads this machine's /dev/shm).
         [sys.executable, "-m", "pytest", "--pyargs", "pytest_gpuready.preflight.test_deployments",
-         "--gpuready-config", str(deploy), "-p", "no:cacheprovider", "-v", "-rs"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+         "--gpuready-config", str(deploy), "-p", "no:cacheprovider", "-v", "-rs"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "test_fp8_block_alignment[MiniMax-M2.5-tp4-kvfp8] PASSED" in result.stdout
