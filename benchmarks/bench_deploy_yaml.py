@@ -84,6 +84,7 @@ _BEFORE_V01 = """
 import importlib.util, sys, time
 spec = importlib.util.spec_from_file_location("deploy_config_v01", sys.argv[2])
 module = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = module  # its dataclasses look their module up there
 spec.loader.exec_module(module)
 started = time.perf_counter()
 config = module.load_deploy_config(sys.argv[1])
