@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from itertools import combinations
 
-from pytest_gpuready.host.shm import LEAK_PATTERNS, matches_leak_pattern
+from pytest_gpuready.host.shm import LEAK_PATTERNS, matches_leak_pattern, shm_display_name
 from pytest_gpuready.host.snapshot import GpuInfo, GpuProcess, HostSnapshot, ShmEntry
 from pytest_gpuready.verdict import Verdict
 
@@ -99,7 +99,7 @@ def _describe_entry(entry: ShmEntry, now: float) -> str:
     state = {True: "in use by a live process", False: "no process holds it",
              None: "could not tell whether in use (the probe is not root)"}[entry.in_use]
     size = f"{entry.size_bytes / MIB:.1f} MiB"
-    return f"/dev/shm/{entry.name}: {size}, owner {entry.owner}, {_age(entry.mtime, now)}, {state}"
+    return f"{shm_display_name(entry.name)}: {size}, owner {entry.owner}, {_age(entry.mtime, now)}, {state}"
 
 
 def check_shm_clean(

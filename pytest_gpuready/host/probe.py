@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pytest_gpuready.errors import GpuReadyError, ProbeError
 from pytest_gpuready.host import gpus as gpu_readers
 from pytest_gpuready.host.hosts import Host
-from pytest_gpuready.host.shm import SHM_DF_SCRIPT, SHM_LIST_SCRIPT, SHM_OPEN_SCRIPT, build_shm_status
+from pytest_gpuready.host.shm import SHM_DF_SCRIPT, SHM_HOLDERS_SCRIPT, SHM_LIST_SCRIPT, build_shm_status
 from pytest_gpuready.host.snapshot import GpuInfo, GpuProcess, HostSnapshot, Topology
 from pytest_gpuready.host.topology import parse_topo_matrix
 
@@ -85,7 +85,7 @@ def build_probe_script(query_gpus_with_nvidia_smi: bool = True) -> str:
         ("topo", "[ $HAVE_SMI = 1 ] || exit 127; nvidia-smi topo -m"),
         ("shm", SHM_LIST_SCRIPT),
         ("shm-df", SHM_DF_SCRIPT),
-        ("shm-open", SHM_OPEN_SCRIPT + "; true"),
+        ("shm-holders", SHM_HOLDERS_SCRIPT),
         ("uid", "id -u"),
         ("vllm", VLLM_VERSION_SCRIPT + "; true"),
     ):
@@ -225,7 +225,7 @@ def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True) ->
         listing, df = sections["shm"], sections["shm-df"]
         if listing.returncode != 0 or df.returncode != 0:
             raise ProbeError(f"listing /dev/shm failed: {(listing.output + ' ' + df.output).strip()[:200]}")
-        shm = build_shm_status(listing.output, df.output, sections["shm-open"].output,
+        shm = build_shm_status(listing.output, df.output, sections["shm-holders"].output,
                                sections["uid"].output.strip() == "0", host.name)
     except (GpuReadyError, KeyError) as exc:
         errors["shm"] = str(exc).removeprefix(f"{host.name}: ")

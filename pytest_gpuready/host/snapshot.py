@@ -68,6 +68,12 @@ class ShmEntry:
     mtime: float
     in_use: bool | None = None
     """True when a live process has it open or mapped; None when that could not be determined."""
+    holders: tuple[int, ...] = ()
+    """The pids that have it open or mapped (as far as the probe could see)."""
+    kind: str | None = None
+    """``f`` regular file, ``d`` directory, ``l`` symlink, ... (``find -printf %y``); None if unknown."""
+    inode: int | None = None
+    """Its inode when listed, so a removal can tell the same file from a new one of that name."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from pytest_gpuready.host.checks import (
 )
 from pytest_gpuready.host.hosts import Host, HostSpec, parse_host_spec, validate_ssh_option
 from pytest_gpuready.host.probe import READERS
-from pytest_gpuready.host.shm import remove_leftovers
+from pytest_gpuready.host.shm import remove_leftovers, shm_display_name
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_session import HOST_SESSION_KEY, HostSession, get_host_session
@@ -201,10 +201,12 @@ def _shm_clean(request: pytest.FixtureRequest, min_free_mib: int | None) -> Verd
     if not verdict.ok and SHM_REMOVE_LEFTOVERS.get(config):
         removed = checked(lambda: remove_leftovers(session.host, session.snapshot().require_shm()))
         if removed:
-            request.node.user_properties.append(("gpuready.shm_removed", " ".join(removed)))
+            request.node.user_properties.append(
+                ("gpuready.shm_removed", ", ".join(shm_display_name(name) for name in removed)))
             reporter = config.pluginmanager.get_plugin("terminalreporter")
             if reporter is not None:
-                reporter.write_line(f"\ngpuready: removed from /dev/shm on {session.host.name}: {', '.join(removed)}")
+                shown = ", ".join(shm_display_name(name) for name in removed)
+                reporter.write_line(f"\ngpuready: removed from /dev/shm on {session.host.name}: {shown}")
         verdict = checked(lambda: check_shm_clean(session.snapshot(refresh=True), min_free_mib=minimum))
     return expect(verdict, request.node, "shm_clean")
 

@@ -26,7 +26,6 @@ from pytest_gpuready.errors import ConfigError, GpuReadyError
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.model.backends import KV_CACHE_DTYPES, format_arch, parse_gpu_arch
 from pytest_gpuready.model.checks import (
-    DEFAULT_RESERVE_GIB,
     check_fp8_block_alignment,
     check_memory_fit,
     check_mla_kv_backend,
@@ -92,8 +91,10 @@ MARKERS = (
     "mla_kv_backend_supported(kv_cache_dtype='auto', gpu_arch=None, vllm_version=None): fail in setup "
     "unless vLLM has an MLA attention backend for the model on this GPU with this KV-cache dtype",
     "memory_fit(tp, gpus=None, gpu_memory_utilization=0.9, max_model_len=None, max_num_seqs=None, "
-    "kv_cache_dtype='auto', reserve_gib=3.0): fail in setup unless the weights and one max_model_len "
-    "request's KV cache fit in gpu_memory_utilization of each GPU",
+    "kv_cache_dtype='auto', reserve_gib=None, pipeline_parallel_size=1, ep=False, dtype='auto', "
+    "quantization=None, enforce_eager=False, max_num_batched_tokens=None): fail in setup unless the "
+    "weights, vLLM's profile-run memory and one max_model_len request's KV cache fit in "
+    "gpu_memory_utilization of each GPU",
 )
 
 _MARKER_SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -103,7 +104,8 @@ _MARKER_SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "fp8_block_alignment": (("tp", "ep"), ("tp", "ep", "vllm_version", "gpu_arch")),
     "mla_kv_backend_supported": (("kv_cache_dtype",), ("kv_cache_dtype", "gpu_arch", "vllm_version")),
     "memory_fit": (("tp",), ("tp", "gpus", "gpu_memory_utilization", "max_model_len", "max_num_seqs",
-                            "kv_cache_dtype", "reserve_gib")),
+                            "kv_cache_dtype", "reserve_gib", "pipeline_parallel_size", "ep", "dtype",
+                            "quantization", "enforce_eager", "max_num_batched_tokens")),
 }
 
 _DEPLOY_KEY = pytest.StashKey[DeployConfig | None]()
@@ -396,16 +398,24 @@ def fp8_alignment_verdict(request: pytest.FixtureRequest, model: ModelSpec, tp: 
 def memory_fit_verdict(request: pytest.FixtureRequest, model: ModelSpec, *, tp: int,
                        gpus: Any = None, gpu_memory_utilization: float = 0.9,
                        max_model_len: int | None = None, max_num_seqs: int | None = None,
-                       kv_cache_dtype: str = "auto", reserve_gib: float = DEFAULT_RESERVE_GIB,
+                       kv_cache_dtype: str = "auto", reserve_gib: float | None = None,
+                       pipeline_parallel_size: int = 1, ep: bool = False, dtype: str = "auto",
+                       quantization: str | None = None, enforce_eager: bool = False,
+                       max_num_batched_tokens: int | None = None,
                        deployment: Deployment | None = None) -> Verdict:
     """Check memory fit on the GPU snapshot (skips when there is no GPU here and none was named)."""
     __tracebackhide__ = True
     snapshot = snapshot_with_gpus(request, "no GPU here: pass --gpu-host HOST to check memory fit")
     version = resolve_vllm_version(request, deployment)
+    allow_long = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true")
+    if deployment is not None:
+        allow_long = allow_long or deployment.serve.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "") in ("1", "true")
     return checked(lambda: check_memory_fit(
         model, snapshot, tp, gpus=gpus, gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype,
-        vllm_version=version, reserve_gib=reserve_gib))
+        vllm_version=version, reserve_gib=reserve_gib, pipeline_parallel_size=pipeline_parallel_size,
+        ep=ep, dtype=dtype, quantization=quantization, enforce_eager=enforce_eager,
+        max_num_batched_tokens=max_num_batched_tokens, allow_long_max_model_len=allow_long))
 
 
 @pytest.fixture(autouse=True)

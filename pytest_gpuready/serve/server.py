@@ -10,22 +10,26 @@ collaborator per job, each in its own module:
 - :mod:`~pytest_gpuready.serve.footprint`: the GPU baseline before the launch and the
   footprint once ready (snapshot and startup log);
 - :mod:`~pytest_gpuready.serve.teardown`: SIGTERM then SIGKILL to the session, and the proof
-  that GPUs and ``/dev/shm`` are clean afterwards.
+  that GPUs and ``/dev/shm`` are clean afterwards;
+- :mod:`~pytest_gpuready.serve.watchdog`: a process beside the server, tied to this process's
+  life by a pipe, that stops the server's session if this process dies without stopping it.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import posixpath
 import socket
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import requests
 
-from pytest_gpuready.errors import ConfigError
+from pytest_gpuready.errors import ConfigError, GpuReadyWarning
 from pytest_gpuready.host.hosts import Host, LocalHost
 from pytest_gpuready.serve import processes, vllm_log
 from pytest_gpuready.serve.footprint import Footprint, GpuMemoryWatch, SnapshotFn, short_gpu_name
@@ -49,6 +53,7 @@ from pytest_gpuready.serve.teardown import (
     wait_gpus_clean,
     wait_shm_gone,
 )
+from pytest_gpuready.serve.watchdog import DEFAULT_GRACE_S, Watchdog, WatchdogUnavailable, start_watchdog
 
 DEFAULT_READY_TIMEOUT_S = 1800.0
 DEFAULT_TERM_TIMEOUT_S = 30.0
@@ -122,6 +127,8 @@ class VLLMServer:
         max_used_mib: int = 64,
         fatal_grace_s: float = 10.0,
         attach_url: str | None = None,
+        watchdog: bool = True,
+        watchdog_grace_s: float = DEFAULT_GRACE_S,
     ) -> None:
         if ready_timeout_s <= 0:
             raise ConfigError(f"ready_timeout_s: expected seconds > 0, got {ready_timeout_s!r}")
@@ -138,6 +145,10 @@ class VLLMServer:
         self.max_used_mib = max_used_mib
         self.fatal_grace_s = fatal_grace_s
         self.attach_url = attach_url.rstrip("/") if attach_url else None
+        self.use_watchdog = watchdog
+        self.watchdog_grace_s = watchdog_grace_s
+        self.watchdog: Watchdog | None = None
+        """The watchdog that stops the server if this process dies first (see :mod:`.watchdog`)."""
         self._log_dir = Path(log_dir) if log_dir is not None else None
         self.log_path: str | None = None
         self.argv: list[str] = []
@@ -312,6 +323,29 @@ class VLLMServer:
         self._log = self._process.log_reader()
         self._say(f"vLLM {self.name}: started pid {self.pid} (session {self.pid}) on {self.host.name}, "
                   f"port {self.port}, log {self.log_path}")
+        self._start_watchdog()
+
+    def _start_watchdog(self) -> None:
+        """Tie the server to this process's life; without a watchdog it could outlive a killed pytest."""
+        process = self._process
+        if not self.use_watchdog or process is None:
+            return
+        log = posixpath.join(posixpath.dirname(process.log_path), f"watchdog-{self.port}.log")
+        try:
+            self.watchdog = start_watchdog(self.host, process.pid, process.start_ticks, log_path=log,
+                                           grace_s=self.watchdog_grace_s)
+            self._say(f"vLLM {self.name}: watchdog pid {self.watchdog.pid} on {self.host.name} stops session "
+                      f"{process.pid} if this process dies first (log {log})")
+        except WatchdogUnavailable as exc:
+            message = (f"vLLM {self.name}: no watchdog ({exc}); the server will outlive this pytest "
+                       "process if it is killed before stopping it")
+            self._say(message)
+            warnings.warn(message, GpuReadyWarning, stacklevel=2)
+
+    def _release_watchdog(self) -> None:
+        if self.watchdog is not None:
+            self.watchdog.release()
+            self.watchdog = None
 
     # ------------------------------------------------------------------ process state
 
@@ -379,6 +413,7 @@ class VLLMServer:
         notes = [note] if note else []
         grace = self.term_timeout_s if self.ready is not None else min(self.term_timeout_s, STARTUP_TERM_TIMEOUT_S)
         signalled = stop_session(self.host, process, term_grace_s=grace, kill_timeout_s=self.kill_timeout_s)
+        self._release_watchdog()
         exit_code = process.exit_code()
         self._stopped = True
         with _LIVE_LOCK:

@@ -250,3 +250,50 @@ def test_shm_marker_reports_and_optionally_removes_leftovers(pytester: pytest.Py
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([f"*gpuready: removed from /dev/shm on local: *{leftover.name}*"])
     assert not leftover.exists()
+
+
+def test_shm_removal_keeps_a_held_file_whatever_its_name(pytester: pytest.Pytester, standin: Standin) -> None:
+    """The issue's case: ``vllm cache X`` held open by a live process was removed, because the
+    open-file listing cut the path at the first space. Now it is kept and a free twin is removed."""
+    import os
+    import subprocess
+    import sys
+
+    if os.geteuid() != 0:
+        pytest.skip("removal needs root: only root can see every process's open files")
+    standin("h200-idle")
+    tag = uuid.uuid4().hex[:8]
+    held = Path(f"/dev/shm/vllm cache X-{tag}")
+    free = Path(f"/dev/shm/vllm cache\nfree '{tag}'")
+    for path in (held, free):
+        path.write_bytes(b"\0" * 4096)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; f = open(sys.argv[1], 'rb'); "
+                               "print('open', flush=True); sys.stdin.read()", str(held)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "open"
+        pytester.makepyfile("""
+            import pytest
+
+            @pytest.mark.shm_clean(min_free_mib=0)
+            def test_x():
+                pass
+        """)
+        pytester.makeini("[pytest]\nfilterwarnings = ignore::pytest_gpuready.errors.GpuReadyWarning\n")
+        result = pytester.runpytest("-p", "no:cacheprovider", "--shm-remove-leftovers")
+        # the name is shown on one line, its newline escaped
+        removed_line = f"*gpuready: removed from /dev/shm on local: *\"/dev/shm/vllm cache\\nfree '{tag}'\"*"
+        result.stdout.fnmatch_lines([removed_line])
+        assert f"vllm cache X-{tag}" not in result.stdout.str()
+        assert held.exists()  # a live process holds it: never removed
+        assert not free.exists()
+        assert "Traceback" not in result.stdout.str()
+    finally:
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(timeout=60)
+        assert holder.stdout is not None
+        holder.stdout.close()
+        for path in (held, free):
+            path.unlink(missing_ok=True)

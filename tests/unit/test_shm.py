@@ -52,8 +52,10 @@ def test_df_garbage_is_an_error() -> None:
 
 
 def test_listing_garbage_is_an_error() -> None:
-    with pytest.raises(ProbeError, match="unexpected /dev/shm listing line"):
+    with pytest.raises(ProbeError, match="lacks its 'list' line"):
         parse_shm_listing("psm_1 12 root", "box")
+    with pytest.raises(ProbeError, match="unexpected /dev/shm listing record"):
+        parse_shm_listing("list " + b"f\t1\tx\0".hex(), "box")
 
 
 def test_removal_script_refuses_paths() -> None:
