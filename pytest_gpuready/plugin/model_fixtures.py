@@ -35,7 +35,7 @@ from pytest_gpuready.model.deploy_config import DeployConfig, Deployment, load_d
 from pytest_gpuready.model.spec import ModelSpec, inspect_model
 from pytest_gpuready.model.vllm_version import VllmVersion, parse_vllm_version
 from pytest_gpuready.plugin import settings as s
-from pytest_gpuready.plugin.host_session import get_host_session
+from pytest_gpuready.plugin.host_session import HostSession, get_host_session, host_session_of
 from pytest_gpuready.plugin.outcomes import checked, expect
 from pytest_gpuready.verdict import Verdict
 
@@ -212,7 +212,7 @@ def resolve_vllm_version(request: pytest.FixtureRequest, deployment: Deployment 
     given = VLLM_VERSION.get(request.config)
     if given is not None:
         return given
-    session = get_host_session(request.config)
+    session = host_session_of(request)
     if not session.named_explicitly:
         return None
     try:
@@ -272,11 +272,13 @@ def _local_path(raw: str, base: Path) -> str:
     return expanded if os.path.isabs(expanded) else str((base / expanded).resolve())
 
 
-def load_model(config: pytest.Config, path: str) -> ModelSpec:
-    """Inspect a model directory once per session: here when it exists here, else on a remote
-    ``--gpu-host``. Errors (missing directory, malformed config.json) fail the asking test."""
+def load_model(config: pytest.Config, path: str, session: HostSession | None = None) -> ModelSpec:
+    """Inspect a model directory once per session: here when it exists here, else on the test's
+    remote host (``session``; default the first host). Errors (missing directory, malformed
+    config.json) fail the asking test."""
     __tracebackhide__ = True
-    session = get_host_session(config)
+    if session is None:
+        session = get_host_session(config)
     remote = not os.path.isdir(path) and session.spec.kind == "ssh"
     key = (str(session.spec) if remote else "local", path)
     cache = config.stash[_MODEL_CACHE_KEY]
@@ -336,20 +338,21 @@ def model_spec(request: pytest.FixtureRequest) -> ModelSpec:
     From, in order: ``@pytest.mark.model(path)``, the test's deployment, ``--gpuready-model``.
     """
     __tracebackhide__ = True
+    session = host_session_of(request)
     marker = request.node.get_closest_marker("model")
     if marker is not None:
         raw = marker_kwargs(marker).get("path")
         if not isinstance(raw, (str, os.PathLike)):
             _bad_marker("model", "path", raw, "a model directory path")
             raise AssertionError("unreachable")
-        return load_model(request.config, _local_path(os.fspath(raw), Path(request.path).parent))
+        return load_model(request.config, _local_path(os.fspath(raw), Path(request.path).parent), session)
     deployment = _deployment_if_any(request)
     if deployment is not None:
-        return load_model(request.config, deployment.model_path)
+        return load_model(request.config, deployment.model_path, session)
     given = GPUREADY_MODEL.get(request.config)
     if given is None:
         pytest.skip(SKIP_NO_MODEL)
-    return load_model(request.config, _local_path(given, request.config.invocation_params.dir))
+    return load_model(request.config, _local_path(given, request.config.invocation_params.dir), session)
 
 
 # ---------------------------------------------------------------- the checks, as a test sees them
