@@ -269,7 +269,8 @@ def snapshot_with_gpus(request: pytest.FixtureRequest, skip_reason: str) -> Host
 
 def _local_path(raw: str, base: Path) -> str:
     expanded = os.path.expanduser(raw)
-    return expanded if os.path.isabs(expanded) else str((base / expanded).resolve())
+    # realpath, not Path.resolve(): on a symlink loop resolve() raises RuntimeError (Python < 3.13)
+    return expanded if os.path.isabs(expanded) else os.path.realpath(base / expanded)
 
 
 def load_model(config: pytest.Config, path: str, session: HostSession | None = None) -> ModelSpec:

@@ -282,7 +282,7 @@ def test_model_spec_fixture_sources(pytester: pytest.Pytester, models: Path) -> 
     """)
     result = pytester.runpytest(*PLUGIN, "--gpuready-model", "models/Llama-3.1-8B")
     result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines([f"{pytester.path}/models/nowhere: not a directory; expected a model directory "
+    result.stdout.fnmatch_lines([f"{pytester.path}/models/nowhere: directory not found; expected a model directory "
                                  "with config.json"])
 
 
