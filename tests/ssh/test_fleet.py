@@ -155,3 +155,24 @@ def test_user_tests_are_parametrized_only_where_they_read_a_host(
         f"test_server_factory_per_host[{a}]": "PASSED", f"test_server_factory_per_host[{b}]": "PASSED",
         "test_no_host_at_all": "PASSED",
     }
+
+
+def test_under_xdist_each_host_is_one_worker_and_one_connection(
+        pytester: pytest.Pytester, loopback_fleet: LoopbackSshd, down_port: int) -> None:
+    pytest.importorskip("xdist")
+    fleet = loopback_fleet
+    hosts = write_hosts_file(pytester.path / "fleet.txt", fleet, down_port)
+    before = fleet.accepted_connections()
+    with fleet_scenarios(fleet):
+        result = pytester.runpytest(*PREFLIGHT, "-n", "3", "--gpu-hosts-file", str(hosts), *ssh_args(fleet))
+    idle, held, eight = (f"127.0.0.1:{port}" for port in fleet.ports)
+    down = f"127.0.0.1:{down_port}"
+    assert outcomes(result) == {
+        f"test_gpus_are_clean[{idle}]": "PASSED", f"test_gpu_topology[{idle}]": "PASSED",
+        f"test_gpus_are_clean[{held}]": "FAILED", f"test_gpu_topology[{held}]": "PASSED",
+        f"test_gpus_are_clean[{eight}]": "PASSED", f"test_gpu_topology[{eight}]": "PASSED",
+        f"test_gpus_are_clean[{down}]": "ERROR", f"test_gpu_topology[{down}]": "ERROR",
+    }
+    result.stdout.fnmatch_lines(["gpuready: 4 hosts: * (each probed when a check first asks)"])
+    # the controller probes nothing; each host's tests ran on one worker, over one connection
+    assert fleet.accepted_connections() - before == 3
