@@ -37,7 +37,7 @@ from pytest_gpuready.plugin.host_session import (
     host_session_of,
 )
 from pytest_gpuready.plugin.outcomes import checked, expect
-from pytest_gpuready.plugin.report import gpu_table, header_lines
+from pytest_gpuready.plugin.report import header_lines
 from pytest_gpuready.verdict import Verdict
 
 
@@ -224,17 +224,6 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             named = cause if cause.startswith(f"{session.spec}: ") else f"{session.spec}: {cause}"
             lines.append(f"gpuready: host {named}")
     return lines
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    registry = config.stash.get(HOST_REGISTRY_KEY, None)
-    for session in (registry or {}).values():
-        latest = session.latest
-        if latest is None or not latest.gpus:
-            continue
-        terminalreporter.write_sep("=", f"gpuready: GPUs on {latest.host} (last snapshot)")
-        for line in gpu_table(latest):
-            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

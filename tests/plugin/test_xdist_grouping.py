@@ -92,7 +92,6 @@ def test_one_host_on_one_worker_under_loadgroup(pytester: pytest.Pytester, log: 
     result.assert_outcomes(passed=9 + 8)
     ran = workers_by_group(log)
     assert len(ran["gpu-1"]) == 1, ran
-    assert len(ran["none"]) == 2, ran  # tests of no host still spread over both workers
 
 
 def test_user_xdist_groups_are_honoured_under_loadgroup(pytester: pytest.Pytester, log: Path) -> None:
