@@ -75,6 +75,14 @@ def _size_text(size: int) -> str:
     return f"{size / MIB:.1f} MiB" if size >= MIB else f"{size} bytes"
 
 
+def over_limit(size: int, limit: int, what: str) -> str:
+    """``80.0 MiB, over the limit of 64.0 MiB for a deploy file``; in bytes where MiB would read alike."""
+    shown, cap = _size_text(size), _size_text(limit)
+    if shown == cap:
+        shown, cap = f"{size} bytes", f"{limit} bytes"
+    return f"{shown}, over the limit of {cap} for a {what}"
+
+
 @contextlib.contextmanager
 def open_regular_file(path: str | os.PathLike[str], where: str | None = None,
                       max_bytes: int | None = None, what: str = "file") -> Iterator[tuple[int, int]]:
@@ -89,8 +97,7 @@ def open_regular_file(path: str | os.PathLike[str], where: str | None = None,
         if not stat.S_ISREG(status.st_mode):
             raise FileRefused(shown, f"{describe_kind(status.st_mode)}; expected a regular file")
         if max_bytes is not None and status.st_size > max_bytes:
-            raise FileRefused(shown, f"{_size_text(status.st_size)}, over the limit of {_size_text(max_bytes)} "
-                                     f"for a {what}")
+            raise FileRefused(shown, over_limit(status.st_size, max_bytes, what))
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise FileRefused(shown, os_error_reason(exc, what)) from None

@@ -541,7 +541,10 @@ def open_regular(name, limit=None):
     if not stat.S_ISREG(status.st_mode):
         raise Refused(kind(status.st_mode) + "; expected a regular file")
     if limit is not None and status.st_size > limit:
-        raise Refused("%s, over the limit of %s for a %s" % (size_text(status.st_size), size_text(limit), name))
+        shown, cap = size_text(status.st_size), size_text(limit)
+        if shown == cap:
+            shown, cap = "%d bytes" % status.st_size, "%d bytes" % limit
+        raise Refused("%s, over the limit of %s for a %s" % (shown, cap, name))
     fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     opened = os.fstat(fd)
     if not stat.S_ISREG(opened.st_mode):

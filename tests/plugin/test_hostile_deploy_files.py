@@ -209,7 +209,7 @@ def assert_test_error(pytester: pytest.Pytester, result: pytest.RunResult, messa
     ("loop", "*/models/tiny/config.json: a symlink loop (too many levels of symbolic links)"),
     ("deep", "*/models/tiny/config.json: JSON nested too deeply (arrays or objects inside one another more "
              "levels than the decoder allows, about 1000)"),
-    ("huge", "*/models/tiny/config.json: 16.0 MiB, over the limit of 16.0 MiB for a config.json"),
+    ("huge", "*/models/tiny/config.json: 16777217 bytes, over the limit of 16777216 bytes for a config.json"),
     ("nul", "*/models/tiny/config.json: contains a NUL byte (line 1, byte offset 1); expected text"),
     ("latin1", "*/models/tiny/config.json: not UTF-8 text (byte 0xe9 at line 1, byte offset 13)"),
     ("digits", "*/models/tiny/config.json: not valid JSON (Exceeds the limit (4300 digits)*"),

@@ -67,7 +67,7 @@ def test_reading_refuses_what_is_not_a_small_text_file(tmp_path: Path) -> None:
         read_hosts_file(str(fifo))
     big = tmp_path / "big.txt"
     big.write_text("gpu-1\n" * (MAX_HOSTS_FILE_BYTES // 6 + 1))
-    with pytest.raises(HostSpecError, match=r"over the limit of 1\.0 MiB for a hosts file"):
+    with pytest.raises(HostSpecError, match=r"over the limit of 1048576 bytes for a hosts file"):
         read_hosts_file(str(big))
     binary = tmp_path / "binary.txt"
     binary.write_bytes(b"gpu-1\n\xff\xfe\n")

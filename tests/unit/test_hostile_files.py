@@ -160,7 +160,7 @@ def _both(directory: Path) -> tuple[dict[str, str], dict[str, str]]:
     ("zero", "a character device; expected a regular file"),
     ("loop", "a symlink loop (too many levels of symbolic links)"),
     ("dir", "a directory; expected a regular file"),
-    ("big", "16.0 MiB, over the limit of 16.0 MiB for a config.json"),
+    ("big", "16777217 bytes, over the limit of 16777216 bytes for a config.json"),
     ("nul", "contains a NUL byte (line 1, byte offset 1); expected text"),
     ("latin1", "not UTF-8 text (byte 0xe9 at line 1, byte offset 13)"),
 ])
