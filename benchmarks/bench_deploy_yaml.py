@@ -144,7 +144,8 @@ def main() -> None:
             f"Loading a generated {size / 1e6:.1f} MB deploy file ({rows[0][4]:,} deployments, each with serve "
             "args, env, expectations and two throughput thresholds) in a fresh Python process per run.", "",
             f"Command: `{COMMAND}`  ",
-            f"Machine: {machine()}; load average {load_before:.1f} before the runs (the machine is shared).", "",
+            f"Machine: {machine()}; load average {load_before:.1f} when it started and {os.getloadavg()[0]:.1f} "
+            "at the end (the machine is shared: figures are inflated alike, their ratios hold).", "",
             "| way | median s | min-max s |", "|---|---|---|",
         ]
         body += [f"| {label} | {median:.2f} | {low:.2f}-{high:.2f} |" for label, median, low, high, _ in rows]
