@@ -121,8 +121,8 @@ class CommandResult:
 class CommandTimeout(HostError):
     """A command that ran past its timeout; its whole process group was killed.
 
-    :attr:`stdout` holds what it printed before the cut (a probe reads from it which sections
-    finished, to name the one that hung).
+    :attr:`stdout` and :attr:`stderr` hold what it printed before the cut, for a caller that
+    wants to say how far it got.
     """
 
     def __init__(self, message: str, stdout: str = "", stderr: str = "") -> None:
@@ -152,7 +152,8 @@ def run_bounded(argv: Sequence[str], stdin: bytes, timeout: float,
     """Run ``argv`` as the leader of a new session and wait at most ``timeout`` seconds.
 
     On the deadline, on ``early_cut(elapsed)`` returning a reason, or on an exception in this
-    thread (KeyboardInterrupt), the *whole process group* is killed, not only the direct child:
+    thread (KeyboardInterrupt), the *whole process group* is killed, not only the direct child.
+    ``early_cut`` is polled every 50 ms until it returns ``""`` (nothing more to watch for). Killed:
     grandchildren (a hung ``nvidia-smi`` under the probe's ``sh``, a ProxyCommand under ``ssh``)
     would otherwise keep running and keep the output pipes open.
     """
@@ -170,7 +171,9 @@ def run_bounded(argv: Sequence[str], stdin: bytes, timeout: float,
                 break
             if early_cut is not None:
                 cut = early_cut(elapsed)
-                if cut is not None:
+                if cut == "":
+                    early_cut, cut = None, None
+                elif cut is not None:
                     break
             try:
                 out, err = proc.communicate(feed, timeout=min(remaining, 0.05) if early_cut else remaining)
@@ -426,9 +429,9 @@ class SSHHost:
 
         def handshake_stalled(elapsed: float) -> str | None:
             # The master's socket appears once ssh has connected, exchanged keys and logged in.
-            if elapsed > handshake_limit and not os.path.exists(control):
-                return "handshake"
-            return None
+            if os.path.exists(control):
+                return ""  # established: nothing more to watch
+            return "handshake" if elapsed > handshake_limit else None
 
         watch = None if _master_alive(control) else handshake_stalled
         done = run_bounded(argv, stdin if stdin is not None else b"", timeout + self.connect_timeout, watch)

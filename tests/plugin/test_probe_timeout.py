@@ -184,3 +184,21 @@ def test_the_watchdog_never_acts_outside_a_session_of_its_own(standin: Standin, 
         out = proc.stdout.read()
         proc.stdout.close()
     assert "@@timeout 1" in out  # it did see the deadline pass, and stood back
+
+
+class _ImpatientHost(LocalHost):
+    """This machine, but every command gets 1 s whatever it asks for: the probe's own watchdog
+    (at 30 s) never acts, so the cut comes from here, by process group."""
+
+    def run(self, script: str, *, timeout: float = 120, stdin: bytes | None = None):  # type: ignore[no-untyped-def]
+        return super().run(script, timeout=1, stdin=stdin)
+
+
+def test_a_probe_cut_from_outside_is_named_and_its_group_killed(standin: Standin, piddir: Path) -> None:
+    from pytest_gpuready import ProbeError
+
+    standin("hang-query-gpu")
+    with pytest.raises(ProbeError, match=r"^local: the probe did not answer within 40 s \(its watchdog did not act; "
+                                         r"it was killed from here\)$"):
+        snapshot(_ImpatientHost(), reader="nvidia-smi", timeout=30)
+    assert_all_gone(piddir)
