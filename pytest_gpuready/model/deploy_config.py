@@ -291,7 +291,7 @@ class _Ctx:
         self.deployment = deployment
 
     def error(self, key: str, expected: str, got: Any = None, *, missing: bool = False) -> ConfigError:
-        where = f"{self.file}: deployment {self.deployment!r}: " if self.deployment else f"{self.file}: "
+        where = f"{self.file}: deployment {excerpt(self.deployment)}: " if self.deployment else f"{self.file}: "
         if missing:
             return ConfigError(f"{where}key '{key}' is missing; expected {expected}")
         return ConfigError(f"{where}key '{key}': expected {expected}, got {excerpt(got)}")
@@ -302,7 +302,7 @@ class _Ctx:
                 text = str(key) if isinstance(key, str) else excerpt(key)
                 close = difflib.get_close_matches(text, allowed, n=1) if len(text) < 100 else []
                 hint = f" (did you mean '{close[0]}'?)" if close else ""
-                where = f"{self.file}: deployment {self.deployment!r}: " if self.deployment else f"{self.file}: "
+                where = f"{self.file}: deployment {excerpt(self.deployment)}: " if self.deployment else f"{self.file}: "
                 shown = text if len(text) <= 80 else text[:60] + "..."
                 shown = shown if shown.isprintable() else ascii(shown)[1:-1]
                 raise ConfigError(f"{where}unknown key '{section}{shown}'{hint}; expected one of: "
@@ -580,5 +580,5 @@ def load_deploy_config(path: str | os.PathLike[str]) -> DeployConfig:
     names = [d.name for d in deployments]
     duplicates = sorted(name for name, count in collections.Counter(names).items() if count > 1)
     if duplicates:
-        raise ConfigError(f"{file}: deployment name {duplicates[0]!r} is used twice; expected unique names")
+        raise ConfigError(f"{file}: deployment name {excerpt(duplicates[0])} is used twice; expected unique names")
     return DeployConfig(file, deployments)

@@ -248,3 +248,11 @@ def test_model_directory_that_is_a_symlink_loop_errors_the_test(pytester: pytest
     result = run_model_test(pytester)
     assert_test_error(pytester, result, "*/models/tiny: a symlink loop (too many levels of symbolic links); "
                                         "expected a model directory with config.json")
+
+
+def test_a_huge_deployment_name_is_quoted_bounded(pytester: pytest.Pytester) -> None:
+    (pytester.path / "deploy.yaml").write_text(MINIMAL.replace("name: tiny", "name: " + "n" * 2_000_000)
+                                               .replace("tp: 2", "tp: zero"))
+    result = run_plugin(pytester, "--gpuready-config", "deploy.yaml")
+    assert_usage_error(pytester, result, "ERROR: --gpuready-config: */deploy.yaml: deployment 'nnnn*...*nnnn': "
+                                         "key 'tp': expected a whole number >= 1, got 'zero'")
