@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from itertools import combinations
 
-from pytest_gpuready.host.shm import LEAK_PATTERNS, matches_leak_pattern, shm_display_name
+from pytest_gpuready.host.shm import LEAK_PATTERNS, creator_pid, matches_leak_pattern, shm_display_name
 from pytest_gpuready.host.snapshot import GpuInfo, GpuProcess, HostSnapshot, ShmEntry
 from pytest_gpuready.verdict import Verdict
 
@@ -99,7 +99,10 @@ def _describe_entry(entry: ShmEntry, now: float) -> str:
     state = {True: "in use by a live process", False: "no process holds it",
              None: "could not tell whether in use (the probe is not root)"}[entry.in_use]
     size = f"{entry.size_bytes / MIB:.1f} MiB"
-    return f"{shm_display_name(entry.name)}: {size}, owner {entry.owner}, {_age(entry.mtime, now)}, {state}"
+    pid = creator_pid(entry.name)
+    made_by = f", named for pid {pid} (a vLLM engine's loky semaphore)" if pid is not None else ""
+    return (f"{shm_display_name(entry.name)}: {size}, owner {entry.owner}, {_age(entry.mtime, now)}{made_by}, "
+            f"{state}")
 
 
 def check_shm_clean(

@@ -25,8 +25,19 @@ from pytest_gpuready.host.snapshot import ShmEntry, ShmStatus
 
 SHM_DIR = "/dev/shm"
 
-LEAK_PATTERNS: tuple[str, ...] = ("psm_*", "sem.mp-*", "nccl-*", "*vllm*")
-"""Names vLLM, NCCL and Python multiprocessing leave behind (matched case-insensitively)."""
+LEAK_PATTERNS: tuple[str, ...] = ("psm_*", "sem.mp-*", "sem.loky-*", "nccl-*", "*vllm*")
+"""Names vLLM, NCCL and Python multiprocessing leave behind (matched case-insensitively).
+
+``sem.loky-<pid>-<random>`` is a semaphore of loky (joblib's process pool) that a GPU
+``VLLM::EngineCore`` created; SIGKILL of the engine left it behind on the H200 (vLLM 0.25.0)."""
+
+_PID_NAMED = re.compile(r"^sem\.loky-(\d+)-")
+
+
+def creator_pid(name: str) -> int | None:
+    """The pid a /dev/shm name carries (``sem.loky-3504-0y75b2cm`` -> 3504), or None."""
+    match = _PID_NAMED.match(name)
+    return int(match.group(1)) if match else None
 
 _HEX = "od -An -v -tx1 | tr -d ' \\n'"
 """Hex-encode stdin onto one line (od and tr are in coreutils and busybox)."""

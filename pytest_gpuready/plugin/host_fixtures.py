@@ -100,7 +100,7 @@ MARKERS = (
     "gpus_clean(gpus=None, max_used_mib=64): fail in setup unless the GPUs (by index; default --gpu-ids or all) "
     "hold no compute process and at most max_used_mib MiB",
     "shm_clean(min_free_mib=1024): fail in setup if /dev/shm holds vLLM/NCCL/multiprocessing leftovers "
-    "(psm_*, sem.mp-*, nccl-*, *vllm*) or has less than min_free_mib MiB free",
+    "(psm_*, sem.mp-*, sem.loky-*, nccl-*, *vllm*) or has less than min_free_mib MiB free",
 )
 
 _MARKER_ARGS: dict[str, tuple[str, ...]] = {

@@ -44,10 +44,10 @@ from pytest_gpuready.serve.server_errors import (
     ServerStartTimeout,
     TeardownError,
 )
+from pytest_gpuready.serve.shm_ownership import ShmOwnership
 from pytest_gpuready.serve.spec import ServeSpec, build_argv, build_env
 from pytest_gpuready.serve.teardown import (
     TeardownReport,
-    list_shm,
     session_members,
     stop_session,
     wait_gpus_clean,
@@ -156,7 +156,8 @@ class VLLMServer:
         self.port: int | None = None
         self._process: LaunchedProcess | None = None
         self._log: LogReader | None = None
-        self._shm_before: set[str] = set()
+        self.shm_ownership = ShmOwnership()
+        """The /dev/shm files this server's processes hold or are named for (teardown checks only those)."""
         self._memory = GpuMemoryWatch(self.snapshot_fn, spec.gpus)
         self.ready: ReadyInfo | None = None
         self.footprint: Footprint | None = None
@@ -252,7 +253,6 @@ class VLLMServer:
         if self.pid is not None:
             raise ServerError(f"{self.name}: already started (pid {self.pid})")
         try:
-            self._shm_before = list_shm(self.host)
             self._memory.take_baseline()
             for attempt in range(1, PORT_ATTEMPTS + 1):
                 started = time.monotonic()
@@ -271,6 +271,7 @@ class VLLMServer:
                     self._process = None
                     self.teardown = None
             self.footprint = self._read_footprint()
+            self.sample_shm_ownership()
             assert self.ready is not None
             return self.ready
         except BaseException:
@@ -359,6 +360,11 @@ class VLLMServer:
             return []
         return session_members(self.host, self._process)
 
+    def sample_shm_ownership(self) -> None:
+        """Note which /dev/shm files the server's processes hold now (teardown checks those alone)."""
+        if self._process is not None:
+            self.shm_ownership.sample(self.host, [p.pid for p in self.processes()])
+
     def read_log(self) -> str:
         """The whole log so far ('' when attached: the log is the service manager's)."""
         return self._log.read_all() if self._log is not None else ""
@@ -412,6 +418,8 @@ class VLLMServer:
         began = time.monotonic()
         notes = [note] if note else []
         grace = self.term_timeout_s if self.ready is not None else min(self.term_timeout_s, STARTUP_TERM_TIMEOUT_S)
+        if verify:
+            self.sample_shm_ownership()  # right before the stop: what its processes hold now
         signalled = stop_session(self.host, process, term_grace_s=grace, kill_timeout_s=self.kill_timeout_s)
         self._release_watchdog()
         exit_code = process.exit_code()
@@ -421,7 +429,7 @@ class VLLMServer:
         shm_left: tuple[str, ...] = ()
         gpu_verdict = None
         if verify:
-            shm_left = wait_shm_gone(self.host, self._shm_before,
+            shm_left = wait_shm_gone(self.host, self.shm_ownership,
                                      self.clean_timeout_s if not signalled.survivors else 0)
             if self._memory.has_gpus and self.snapshot_fn is not None:
                 gpu_verdict = wait_gpus_clean(self.snapshot_fn, self.spec.gpus, self.max_used_mib,
