@@ -7,6 +7,7 @@ Loaded by :mod:`pytest_gpuready.plugin`. The checks themselves live in
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from pytest_gpuready.host.checks import (
     check_shm_clean,
 )
 from pytest_gpuready.host.hosts import Host, HostSpec, parse_host_spec, validate_ssh_option
+from pytest_gpuready.host.orphans import find_orphans, reap_orphans
 from pytest_gpuready.host.probe import READERS
 from pytest_gpuready.host.shm import remove_leftovers, shm_display_name
 from pytest_gpuready.host.snapshot import HostSnapshot
@@ -90,10 +92,21 @@ SHM_REMOVE_LEFTOVERS = s.Setting(
     s.parse_bool, False, is_flag=True,
 )
 
+GPU_REAP_ORPHANS = s.Setting(
+    "gpu_reap_orphans", "--gpu-reap-orphans", "GPUREADY_GPU_REAP_ORPHANS", "gpu_reap_orphans",
+    "Before the GPU checks, stop orphaned vLLM engines (VLLM::EngineCore / VLLM::Worker whose API server is "
+    "gone) that hold GPU memory: SIGTERM, then SIGKILL, each re-checked on the host right before; says what it "
+    "stopped (default: stop nothing).",
+    s.parse_bool, False, is_flag=True,
+)
+
 HOST_SETTINGS: tuple[s.Setting[Any], ...] = (
     GPU_HOST, GPU_IDS, GPU_MAX_USED_MIB, GPU_READER, SSH_IDENTITY, SSH_OPTIONS, SSH_CONNECT_TIMEOUT,
-    SHM_MIN_FREE_MIB, SHM_REMOVE_LEFTOVERS,
+    SHM_MIN_FREE_MIB, SHM_REMOVE_LEFTOVERS, GPU_REAP_ORPHANS,
 )
+
+REAP_RELEASE_TIMEOUT_S = 60.0
+"""How long the driver may take to release a stopped engine's memory before the check reads the GPU."""
 
 MARKERS = (
     "gpuready: a GPU-readiness preflight check (select the whole preflight with -m gpuready)",
@@ -172,20 +185,56 @@ def gpu_host(pytestconfig: pytest.Config) -> Host:
     return checked(lambda: get_host_session(pytestconfig).host)
 
 
+def _say(config: pytest.Config, line: str) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"\ngpuready: {line}")
+
+
+def snapshot_for_gpu_checks(config: pytest.Config, node: pytest.Item | None = None) -> HostSnapshot:
+    """The session's snapshot; with ``--gpu-reap-orphans``, taken after orphaned vLLM engines were stopped.
+
+    The reaper signals only what :func:`~pytest_gpuready.host.orphans.find_orphans` proves orphaned,
+    re-checking each on the host right before each signal; then the host is probed again (polling
+    until the stopped pids have left the GPU listing) and what was stopped is printed and recorded.
+    """
+    session = get_host_session(config)
+    snap = session.snapshot()
+    if not GPU_REAP_ORPHANS.get(config):
+        return snap
+    orphans = find_orphans(snap)
+    if not orphans:
+        return snap
+    report = reap_orphans(session.host, orphans)
+    for line in report.lines():
+        _say(config, line)
+    if node is not None and report.stopped:
+        node.user_properties.append(("gpuready.orphans_stopped", " ".join(
+            f"{o.pid}:{o.process.used_memory_mib}" for o in report.stopped)))
+    stopped = {o.pid for o in report.stopped}
+    deadline = time.monotonic() + REAP_RELEASE_TIMEOUT_S
+    while True:
+        snap = session.snapshot(refresh=True)
+        if not {p.pid for p in snap.processes} & stopped or time.monotonic() >= deadline:
+            return snap
+        time.sleep(0.25)
+
+
 @pytest.fixture
-def gpu_snapshot(pytestconfig: pytest.Config) -> HostSnapshot:
+def gpu_snapshot(request: pytest.FixtureRequest) -> HostSnapshot:
     """What the host looks like now: GPUs, processes, /dev/shm, topology, vLLM version.
 
-    Taken once and reused until something marks it stale (the vLLM server fixtures do).
+    Taken once and reused until something marks it stale (the vLLM server fixtures do). With
+    ``--gpu-reap-orphans`` orphaned vLLM engines are stopped first.
     """
-    return checked(get_host_session(pytestconfig).snapshot)
+    return checked(lambda: snapshot_for_gpu_checks(request.config, request.node))
 
 
 def _gpus_clean(request: pytest.FixtureRequest, gpus: Sequence[int] | None, max_used_mib: int | None) -> Verdict:
     __tracebackhide__ = True
     config = request.config
     verdict = checked(lambda: check_gpus_clean(
-        get_host_session(config).snapshot(),
+        snapshot_for_gpu_checks(config, request.node),
         gpus=gpus if gpus is not None else GPU_IDS.get(config),
         max_used_mib=max_used_mib if max_used_mib is not None else GPU_MAX_USED_MIB.get(config),
     ))
