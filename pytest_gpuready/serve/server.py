@@ -33,11 +33,12 @@ from pytest_gpuready.errors import ConfigError, GpuReadyWarning
 from pytest_gpuready.host.hosts import Host, LocalHost
 from pytest_gpuready.serve import processes, vllm_log
 from pytest_gpuready.serve.footprint import Footprint, GpuMemoryWatch, SnapshotFn, short_gpu_name
-from pytest_gpuready.serve.launch import LaunchedProcess, launch_local, launch_remote
+from pytest_gpuready.serve.launch import LaunchedProcess, describe_exit, launch_local, launch_remote
 from pytest_gpuready.serve.log_reader import LogReader
 from pytest_gpuready.serve.readiness import ProgressFn, ReadinessWait, ReadyInfo
 from pytest_gpuready.serve.server_errors import (
     EngineDeadError,
+    ServerDiedError,
     ServerError,
     ServerExitedError,
     ServerMismatchError,
@@ -354,6 +355,26 @@ class VLLMServer:
         """The leader's exit code once it has exited; None while it runs (or when unknown remotely)."""
         return self._process.exit_code() if self._process is not None else None
 
+    def death(self) -> str | None:
+        """How the server's process ended (``killed by SIGKILL``) if it ended by itself; None while it
+        runs, when attached (not ours to watch), or once :meth:`stop` has stopped it."""
+        if self.is_attached or self._process is None or self._stopped:
+            return None
+        code = self._process.exit_code()
+        return describe_exit(code) if code is not None else None
+
+    def is_alive(self) -> bool:
+        """False once the launched server's process has ended by itself (attached servers: always True)."""
+        return self.death() is None
+
+    def died_error(self, during: str, detail: str = "") -> ServerDiedError:
+        """The error for a server found dead ``during`` something: its cause first, then the log's last lines."""
+        message = f"vLLM {self.name}: the server died {during} ({self.death() or 'its process is gone'})"
+        if detail:
+            message += f": {detail}"
+        return ServerDiedError(message, log_tail=self.log_tail() if self._log is not None else "",
+                               log_path=self.log_path)
+
     def processes(self) -> list[processes.ServerProcess]:
         """The live processes of the server's session (API server, EngineCore, workers, helpers)."""
         if self._process is None:
@@ -418,6 +439,7 @@ class VLLMServer:
         began = time.monotonic()
         notes = [note] if note else []
         grace = self.term_timeout_s if self.ready is not None else min(self.term_timeout_s, STARTUP_TERM_TIMEOUT_S)
+        died = self.death()
         if verify:
             self.sample_shm_ownership()  # right before the stop: what its processes hold now
         signalled = stop_session(self.host, process, term_grace_s=grace, kill_timeout_s=self.kill_timeout_s)
@@ -437,7 +459,7 @@ class VLLMServer:
         self.teardown = TeardownReport(
             server=self.name, duration_s=time.monotonic() - began, stopped=signalled.stopped,
             needed_kill=signalled.needed_kill, survivors=signalled.survivors, shm_leftovers=shm_left,
-            gpu_verdict=gpu_verdict, exit_code=exit_code, notes=tuple(notes),
+            gpu_verdict=gpu_verdict, exit_code=exit_code, notes=tuple(notes), died=died,
         )
         self._say(self.teardown.summary)
         return self.teardown
@@ -447,6 +469,7 @@ __all__ = [
     "EngineDeadError",
     "Footprint",
     "ReadyInfo",
+    "ServerDiedError",
     "ServerError",
     "ServerExitedError",
     "ServerMismatchError",

@@ -42,6 +42,8 @@ class TeardownReport:
     exit_code: int | None = None
     attached: bool = False
     notes: tuple[str, ...] = ()
+    died: str | None = None
+    """How the server had ended before the stop (``killed by SIGKILL``), when it had: not by our hand."""
 
     @property
     def ok(self) -> bool:
@@ -60,7 +62,8 @@ class TeardownReport:
             how += f" ({len(self.needed_kill)} needed SIGKILL)"
         shm = ", /dev/shm clean" if not self.shm_leftovers else f", {len(self.shm_leftovers)} /dev/shm files left"
         state = "clean" if self.ok else "NOT clean"
-        return f"{self.server}: teardown {state} in {self.duration_s:.1f} s: {how}{shm}{gpus}"
+        dead = f"the server had died before the stop ({self.died}); " if self.died else ""
+        return f"{self.server}: teardown {state} in {self.duration_s:.1f} s: {dead}{how}{shm}{gpus}"
 
     @property
     def message(self) -> str:
@@ -78,7 +81,7 @@ class TeardownReport:
             "ok": self.ok, "duration_s": round(self.duration_s, 3), "stopped": list(self.stopped),
             "needed_kill": list(self.needed_kill), "survivors": list(self.survivors),
             "shm_leftovers": list(self.shm_leftovers), "exit_code": self.exit_code,
-            "gpus_clean": None if self.gpu_verdict is None else self.gpu_verdict.ok,
+            "gpus_clean": None if self.gpu_verdict is None else self.gpu_verdict.ok, "died": self.died,
         }
 
 
