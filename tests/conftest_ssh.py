@@ -27,6 +27,20 @@ def loopback_sshd() -> Iterator[LoopbackSshd]:
         pytest.skip(str(exc))
 
 
+FLEET_PORTS = 3
+"""Hosts of the fleet sshd: enough for one dirty, one clean and one more, with one unreachable beside them."""
+
+
+@pytest.fixture(scope="session")
+def loopback_fleet() -> Iterator[LoopbackSshd]:
+    """A real sshd on :data:`FLEET_PORTS` loopback ports, each a "host" with its own stand-in scenario."""
+    try:
+        with start_loopback_sshd(ports=FLEET_PORTS) as server:
+            yield server
+    except SshdUnavailable as exc:
+        pytest.skip(str(exc))
+
+
 @pytest.fixture
 def loopback_host(loopback_sshd: LoopbackSshd) -> Iterator[SSHHost]:
     """An :class:`SSHHost` for the loopback sshd, its master connection closed after the test."""

@@ -14,6 +14,10 @@ stand-in ``nvidia-smi`` (``tests/standin/bin/``) first. ``GPUREADY_STANDIN_SCENA
 a file whose first line is the stand-in's scenario directory, so a test switches scenario by
 rewriting that file (:meth:`LoopbackSshd.use_scenario`) instead of restarting sshd.
 
+A fleet: ``loopback_sshd(ports=N)`` listens on N loopback ports, and a ``Match LocalPort`` block
+gives each port its own scenario file, so each port is a "host" with its own stand-in GPUs
+(``LoopbackSshd.spec_for(port)``, ``use_scenario(scenario, port=port)``).
+
 Readiness is the TCP port answering, polled; there are no fixed sleeps.
 """
 
@@ -66,6 +70,20 @@ def free_port() -> int:
         return port
 
 
+def _free_ports(count: int) -> tuple[int, ...]:
+    """``count`` distinct free loopback ports (held open together while picking, so none repeats)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return tuple(int(sock.getsockname()[1]) for sock in sockets)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def wait_for_port(port: int, proc: subprocess.Popen[bytes], log_path: Path,
                   timeout_s: float = _READY_TIMEOUT_S) -> None:
     """Poll until ``port`` accepts TCP connections; fail early, with sshd's log, if sshd exits."""
@@ -110,11 +128,25 @@ class LoopbackSshd:
     ssh_options: tuple[str, ...]
     scenario_file: str
     host_public_key: str
+    ports: tuple[int, ...] = ()
+    """Every port sshd listens on (the first is ``port``); each has its own scenario file."""
 
     @property
     def spec(self) -> str:
         """The ``--gpu-host`` value for this server."""
         return f"ssh://{self.user}@127.0.0.1:{self.port}"
+
+    def spec_for(self, port: int) -> str:
+        """The ``--gpu-host`` value for one of the ports (one "host" of a fleet)."""
+        return f"ssh://{self.user}@127.0.0.1:{port}"
+
+    def scenario_file_for(self, port: int | None) -> str:
+        """The scenario file the stand-in reads for connections to ``port`` (None: the first port)."""
+        if port is None or port == self.port:
+            return self.scenario_file
+        if port not in self.ports:
+            raise ValueError(f"sshd does not listen on port {port} (ports: {self.ports})")
+        return f"{self.scenario_file}-{port}"
 
     def accepted_connections(self) -> int:
         """How many ssh connections sshd has authenticated since it started (one log line each)."""
@@ -138,25 +170,26 @@ class LoopbackSshd:
             argv += ["-o", option]
         return [*argv, f"{self.user}@127.0.0.1"]
 
-    def scenario(self) -> str:
+    def scenario(self, port: int | None = None) -> str:
         """The stand-in scenario directory the remote ``nvidia-smi`` replays now ('' if none)."""
-        lines = _read(Path(self.scenario_file)).splitlines()
+        lines = _read(Path(self.scenario_file_for(port))).splitlines()
         return lines[0].strip() if lines else ""
 
     @contextlib.contextmanager
-    def use_scenario(self, scenario_dir: str | os.PathLike[str]) -> Iterator[None]:
+    def use_scenario(self, scenario_dir: str | os.PathLike[str], port: int | None = None) -> Iterator[None]:
         """Point the remote stand-in ``nvidia-smi`` at ``scenario_dir`` for the ``with`` block.
 
         A bare name is taken from ``tests/standin/scenarios/``. Without a scenario file the
         stand-in exits 2 saying it has no scenario, so nothing is replayed by accident.
+        ``port`` picks which port's "host" gets it (default the first port).
         """
         path = Path(scenario_dir)
         if not path.is_absolute() and not path.exists():
             path = STANDIN_SCENARIOS / path
         if not path.is_dir():
             raise FileNotFoundError(f"stand-in scenario {os.fspath(scenario_dir)!r}: no such directory")
-        pointer = Path(self.scenario_file)
-        previous = self.scenario()
+        pointer = Path(self.scenario_file_for(port))
+        previous = self.scenario(port)
         pointer.write_text(f"{path}\n")
         try:
             yield
@@ -167,11 +200,15 @@ class LoopbackSshd:
                 pointer.unlink(missing_ok=True)
 
 
-def _sshd_config(port: int, host_key: Path, authorized_keys: Path, remote_path: str,
+def _sshd_config(ports: tuple[int, ...], host_key: Path, authorized_keys: Path, remote_path: str,
                  remote_home: Path, scenario_file: Path, extra_config: tuple[str, ...]) -> str:
+    per_port = []
+    for other in ports[1:]:  # a Match block replaces SetEnv's whole list, so it repeats every variable
+        per_port += [f"Match LocalPort {other}",
+                     f"    SetEnv PATH={remote_path} HOME={remote_home} {SCENARIO_FILE_ENV}={scenario_file}-{other}"]
     return "\n".join([
         *extra_config,  # first: sshd keeps the first value it reads for a keyword
-        f"Port {port}",
+        *(f"Port {port}" for port in ports),
         "ListenAddress 127.0.0.1",
         f"HostKey {host_key}",
         "PidFile none",
@@ -186,6 +223,7 @@ def _sshd_config(port: int, host_key: Path, authorized_keys: Path, remote_path: 
         "MaxStartups 100:30:200",
         "MaxSessions 100",
         f"SetEnv PATH={remote_path} HOME={remote_home} {SCENARIO_FILE_ENV}={scenario_file}",
+        *per_port,
         "",
     ])
 
@@ -202,11 +240,12 @@ def _ensure_privsep_dir() -> None:
 
 @contextlib.contextmanager
 def loopback_sshd(extra_path: tuple[str, ...] = (str(STANDIN_BIN),),
-                  extra_config: tuple[str, ...] = ()) -> Iterator[LoopbackSshd]:
-    """Start sshd on a free loopback port for the ``with`` block; stop it and remove its files after.
+                  extra_config: tuple[str, ...] = (), ports: int = 1) -> Iterator[LoopbackSshd]:
+    """Start sshd on free loopback ports for the ``with`` block; stop it and remove its files after.
 
     ``extra_path`` goes in front of the remote ``PATH`` (by default the stand-in ``nvidia-smi``);
-    ``extra_config`` lines (e.g. ``MaxSessions 1``) override this module's sshd settings.
+    ``extra_config`` lines (e.g. ``MaxSessions 1``) override this module's sshd settings;
+    ``ports`` is how many ports it listens on (each a "host" with its own scenario).
     Raises :class:`SshdUnavailable` when there is no sshd binary.
     """
     sshd = find_sshd()
@@ -227,8 +266,9 @@ def loopback_sshd(extra_path: tuple[str, ...] = (str(STANDIN_BIN),),
         config = workdir / "sshd_config"
         host_public_key = " ".join(Path(f"{host_key}.pub").read_text().split()[:2])
         for attempt in range(3):  # another process may take the free port before sshd binds it
-            port = free_port()
-            config.write_text(_sshd_config(port, host_key, authorized_keys, remote_path,
+            chosen = _free_ports(ports)
+            port = chosen[0]
+            config.write_text(_sshd_config(chosen, host_key, authorized_keys, remote_path,
                                            remote_home, scenario_file, extra_config))
             check = subprocess.run([sshd, "-t", "-f", str(config)], capture_output=True, text=True)
             if check.returncode != 0:
@@ -238,13 +278,14 @@ def loopback_sshd(extra_path: tuple[str, ...] = (str(STANDIN_BIN),),
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                     stderr=subprocess.DEVNULL)
             try:
-                wait_for_port(port, proc, log_path)
+                for each in chosen:
+                    wait_for_port(each, proc, log_path)
                 break
             except RuntimeError:
                 if proc.poll() is None or "Address already in use" not in _read(log_path) or attempt == 2:
                     raise
         known_hosts = workdir / "known_hosts"
-        known_hosts.write_text(f"[127.0.0.1]:{port} {host_public_key}\n")
+        known_hosts.write_text("".join(f"[127.0.0.1]:{each} {host_public_key}\n" for each in chosen))
         yield LoopbackSshd(
             port=port,
             user=user,
@@ -254,6 +295,7 @@ def loopback_sshd(extra_path: tuple[str, ...] = (str(STANDIN_BIN),),
             ssh_options=(f"UserKnownHostsFile={known_hosts}", "StrictHostKeyChecking=yes"),
             scenario_file=str(scenario_file),
             host_public_key=host_public_key,
+            ports=chosen,
         )
     finally:
         if proc is not None and proc.poll() is None:

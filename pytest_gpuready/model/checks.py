@@ -16,10 +16,11 @@ import fnmatch
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_gpuready.host.snapshot import GpuInfo, HostSnapshot
+from pytest_gpuready.model import memory
 from pytest_gpuready.model.backends import (
     FP8_KV_DTYPES,
     MIN_FP8_CAPABILITY,
@@ -27,7 +28,7 @@ from pytest_gpuready.model.backends import (
     parse_gpu_arch,
     select_mla_backend,
 )
-from pytest_gpuready.model.spec import ModelSpec
+from pytest_gpuready.model.spec import ModelSpec, derived_weights_for
 from pytest_gpuready.model.vllm_version import (
     FP8_MOE_REFINEMENT,
     TRITON_MLA_FP8_KV,
@@ -40,8 +41,7 @@ from pytest_gpuready.verdict import Verdict
 GIB = 1024**3
 MIB = 1024**2
 DEFAULT_RESERVE_GIB = 3.0
-"""Estimated non-KV, non-weight memory per GPU (activation peak of the profile run, CUDA graphs,
-NCCL buffers); vLLM measures it at startup, this check cannot."""
+"""The 0.1 fixed reserve per GPU; now only used when ``reserve_gib`` is passed explicitly."""
 VOCAB_PADDING = 64
 """``DEFAULT_VOCAB_PADDING_SIZE`` (``vllm/model_executor/layers/vocab_parallel_embedding.py``)."""
 REFINE_MIN_BLOCK = 32
@@ -561,11 +561,8 @@ def kv_cache_bytes_per_token(model: ModelSpec, tp: int, kv_cache_dtype: str = "a
 
 
 def default_max_num_seqs(gpu: GpuInfo) -> int:
-    """vLLM's default ``--max-num-seqs``: 1024 on GPUs with >= 70 GiB that are not A100s, else 256
-    (``EngineArgs.get_batch_defaults``, 0.17.0:L1945-2025)."""
-    if gpu.memory_total_mib >= 70 * 1024 and "A100" not in gpu.name:
-        return 1024
-    return 256
+    """vLLM's default ``--max-num-seqs`` for this GPU (see :func:`memory.default_max_num_seqs`)."""
+    return memory.default_max_num_seqs(gpu.memory_total_mib * MIB, gpu.name)
 
 
 def _gib(n_bytes: float) -> str:
@@ -581,6 +578,45 @@ def _holders(snapshot: HostSnapshot, index: int) -> str:
     return f"; held by {held}"
 
 
+def derived_max_model_len(model: ModelSpec) -> tuple[int | None, str]:
+    """The longest ``max_model_len`` vLLM accepts without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``, and
+    the key it came from (``_get_and_verify_max_len``, ``vllm/config/model.py``, 0.19-0.32):
+    ``max_position_embeddings``, times the RoPE scaling factor except for llama3/longrope/su."""
+    config = model.config.get("text_config") or model.config
+    base = model.max_position_embeddings
+    if base is None:
+        return None, "max_position_embeddings"
+    scaling = config.get("rope_scaling") or config.get("rope_parameters")
+    if isinstance(scaling, dict):
+        kind = scaling.get("rope_type") or scaling.get("type")
+        factor = scaling.get("factor")
+        if kind not in (None, "default", "su", "longrope", "llama3") and isinstance(factor, (int, float)) \
+                and "original_max_position_embeddings" not in scaling:
+            return int(base * factor), f"max_position_embeddings x rope_scaling.factor {factor:g}"
+    return base, "max_position_embeddings"
+
+
+def check_max_model_len(model: ModelSpec, max_model_len: int | None, *,
+                        allow_long: bool = False) -> Verdict:
+    """A ``max_model_len`` above the config's limit fails as vLLM's startup does, unless
+    ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set (then a warning)."""
+    limit, key = derived_max_model_len(model)
+    evidence = {"max_model_len": max_model_len, "derived_max_model_len": limit}
+    if max_model_len is None or limit is None or max_model_len <= limit:
+        shown = max_model_len if max_model_len is not None else limit
+        return Verdict.passed(f"{model.name}: max_model_len {shown} is within the config's {key} ({limit})",
+                              evidence=evidence, rule_set=MEMORY_RULES)
+    message = (f"User-specified max_model_len ({max_model_len}) is greater than the derived max_model_len "
+               f"({key}={limit} or model_max_length=None in model's config.json).")
+    if allow_long:
+        return Verdict.passed(f"{model.name}: {message} Allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+                              evidence=evidence, rule_set=MEMORY_RULES,
+                              warnings=(f"{model.name}: max_model_len {max_model_len} > {limit}: positions "
+                                        "past the trained length lead to nan with RoPE",))
+    return Verdict.failed(f"{model.name}: {message} To allow overriding this maximum, set the env var "
+                          "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.", evidence=evidence, rule_set=MEMORY_RULES)
+
+
 def check_memory_fit(
     model: ModelSpec,
     snapshot: HostSnapshot,
@@ -592,48 +628,62 @@ def check_memory_fit(
     kv_cache_dtype: str = "auto",
     *,
     vllm_version: VllmVersion | str | None = None,
-    reserve_gib: float = DEFAULT_RESERVE_GIB,
+    reserve_gib: float | None = None,
+    pipeline_parallel_size: int = 1,
+    ep: bool = False,
+    dtype: str = "auto",
+    quantization: str | None = None,
+    enforce_eager: bool = False,
+    max_num_batched_tokens: int | None = None,
+    allow_long_max_model_len: bool = False,
 ) -> Verdict:
-    """Will the weights and one full-length request's KV cache fit in ``utilization x total``?
+    """Will the weights, vLLM's profile-run reserve and one full-length request's KV cache fit?
 
-    Fails like vLLM's startup when a GPU's free memory is below ``utilization x total`` (``Free
-    memory on device ...``), when nothing is left for the KV cache, or when one request of
-    ``max_model_len`` does not fit (``To serve at least one request ...``). Warns when the KV
-    cache holds fewer than two full-length requests or a GPU has under 1 GiB free above its
-    budget. ``reserve_gib`` estimates what vLLM's profile run measures (activations, CUDA
-    graphs, NCCL); the weights come from the safetensors headers. Sources: vllm-invariants.md §3.
+    The accounting is vLLM's own, per version (:mod:`pytest_gpuready.model.memory`): budget
+    ``ceil(total x utilization)``, minus weights, the profile run's activation peak
+    (max_num_batched_tokens forward, max_num_seqs sampler), non-torch memory (NCCL at TP/PP > 1)
+    and, where that version counts it, CUDA-graph memory. Each term is in the details in GiB,
+    saying whether it was read, derived or measured. Fails like vLLM's startup: ``Free memory on
+    device ...`` when a GPU lacks the budget, ``No available memory for the cache blocks``, ``To serve
+    at least one request ...``, or a max_model_len above the config's. ``reserve_gib`` replaces the
+    model's non-weight terms by one fixed figure (the 0.1 behaviour). Sources: vllm-invariants.md §3.
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    if pipeline_parallel_size < 1:
+        raise ValueError(f"pipeline_parallel_size must be >= 1, got {pipeline_parallel_size}")
     version = _version(vllm_version)
     present = snapshot.require_gpus()
     host = snapshot.host
-    selected = sorted(present, key=lambda g: g.index)[:tp] if gpus is None else [snapshot.gpu(i) for i in gpus][:tp]
-    evidence: dict[str, Any] = {"host": host, "tp": tp, "gpus": [g.index for g in selected],
+    world = tp * pipeline_parallel_size
+    if gpus is None:
+        selected = sorted(present, key=lambda g: g.index)[:world]
+    else:
+        selected = [snapshot.gpu(i) for i in gpus][:world]
+    evidence: dict[str, Any] = {"host": host, "tp": tp, "pp": pipeline_parallel_size,
+                                "gpus": [g.index for g in selected],
                                 "gpu_memory_utilization": gpu_memory_utilization}
-    if len(selected) < tp:
+    layout = f"TP={tp}" + (f" PP={pipeline_parallel_size}" if pipeline_parallel_size > 1 else "")
+    if len(selected) < world:
         have = ", ".join(str(g.index) for g in (present if gpus is None else selected)) or "none"
-        return Verdict.failed(f"TP={tp} needs {tp} GPUs; {host} offers {len(selected)} (GPUs {have})",
+        return Verdict.failed(f"{layout} needs {world} GPUs; {host} offers {len(selected)} (GPUs {have})",
                               evidence=evidence, rule_set=MEMORY_RULES)
-    if model.weights is None:
-        return Verdict.failed(
-            f"cannot check memory fit for {model.name}: no safetensors weights at {model.source} "
-            "(a config-only model); point the model path at the checkpoint",
-            evidence=evidence, rule_set=MEMORY_RULES)
+    length_verdict = check_max_model_len(model, max_model_len, allow_long=allow_long_max_model_len)
+    if not length_verdict.ok:
+        return length_verdict
     kv = effective_kv_cache_dtype(model, kv_cache_dtype, version)
-    weights = model.weights.per_gpu_bytes(tp)
-    reserve = int(reserve_gib * GIB)
     errors: list[str] = []
-    warnings: list[str] = []
-    budgets = []
+    warnings: list[str] = list(length_verdict.warnings)
     per_gpu: list[dict[str, Any]] = []
+    smallest: GpuInfo = selected[0]
     for position, gpu in enumerate(selected):
         total = (gpu.memory_total_mib - (gpu.memory_reserved_mib or 0)) * MIB
         free = gpu.memory_free_mib * MIB
         requested = math.ceil(total * gpu_memory_utilization)
-        budgets.append(requested)
         per_gpu.append({"index": gpu.index, "total_bytes": total, "free_bytes": free,
                         "requested_bytes": requested})
+        if total < (smallest.memory_total_mib - (smallest.memory_reserved_mib or 0)) * MIB:
+            smallest = gpu
         if free < requested:
             errors.append(
                 f"GPU {gpu.index}: Free memory on device cuda:{position} ({_gib(free)}/{_gib(total)} GiB) "
@@ -644,56 +694,90 @@ def check_memory_fit(
             warnings.append(f"GPU {gpu.index}: only {(free - requested) // MIB} MiB free above the "
                             f"{gpu_memory_utilization} budget; a process starting now would break it")
     evidence["per_gpu"] = per_gpu
-    budget = min(budgets)
-    available = budget - weights - reserve
-    bytes_per_token = kv_cache_bytes_per_token(model, tp, kv.name)
-    length = max_model_len or model.max_position_embeddings
-    seqs = max_num_seqs or default_max_num_seqs(selected[0])
-    evidence.update({"weights_per_gpu_bytes": weights, "reserve_bytes": reserve,
-                     "budget_bytes": budget, "kv_cache_bytes": max(0, available),
-                     "kv_cache_dtype": kv.name, "kv_bytes_per_token": bytes_per_token,
-                     "max_model_len": length, "max_num_seqs": seqs})
-    budget_text = (f"{_gib(weights)} GiB weights + {reserve_gib:g} GiB reserve per GPU of a "
-                   f"{_gib(budget)} GiB budget ({gpu_memory_utilization} x "
-                   f"{_gib(budget / gpu_memory_utilization)} GiB)")
     if errors:
-        return Verdict.failed(f"{model.name} at TP={tp}: {errors[0]}", details=tuple(errors[1:]),
+        return Verdict.failed(f"{model.name} at {layout}: {errors[0]}", details=tuple(errors[1:]),
                               evidence=evidence, rule_set=MEMORY_RULES)
+    total_bytes = (smallest.memory_total_mib - (smallest.memory_reserved_mib or 0)) * MIB
+    settings = memory.ServeSettings(
+        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        kv_cache_dtype=kv.name, dtype=dtype, quantization=quantization, enforce_eager=enforce_eager,
+        pipeline_parallel_size=pipeline_parallel_size)
+    plan = memory_plan(model, total_bytes, tp, ep=ep, settings=settings, kv_cache_dtype=kv.name,
+                       version=version, gpu_name=smallest.name, reserve_gib=reserve_gib)
+    return memory_verdict(model, plan, layout, kv, evidence, warnings)
+
+
+def memory_plan(model: ModelSpec, total_bytes: int, tp: int, *, ep: bool = False,
+                settings: memory.ServeSettings | None = None, kv_cache_dtype: str = "auto",
+                version: VllmVersion | None = None, gpu_name: str = "",
+                reserve_gib: float | None = None) -> memory.MemoryPlan:
+    """:func:`memory.plan_memory` with the KV dtype resolved as vLLM resolves it; ``reserve_gib``
+    replaces the non-weight terms by one fixed figure."""
+    kv = effective_kv_cache_dtype(model, kv_cache_dtype, version)
+    plan = memory.plan_memory(model, total_bytes, tp, ep=ep, settings=settings,
+                              kv_dtype_bytes=kv_dtype_bytes(model, kv.name) if kv.name != "fp8_ds_mla" else 1,
+                              fp8_ds_mla=kv.name == "fp8_ds_mla", version=version, gpu_name=gpu_name)
+    if reserve_gib is None:
+        return plan
+    weights = plan.terms[0]
+    reserve = memory.MemoryTerm("reserve", int(reserve_gib * GIB), "given", "reserve_gib replaces vLLM's "
+                                "profile-run terms")
+    kv_bytes = plan.budget_bytes - weights.bytes - reserve.bytes
+    blocks = max(0, kv_bytes) // (plan.kv_bytes_per_token * KV_BLOCK_SIZE)
+    return replace(plan, terms=(weights, reserve), kv_cache_bytes=max(0, kv_bytes),
+                   kv_tokens=blocks * KV_BLOCK_SIZE, outside_budget=())
+
+
+def memory_verdict(model: ModelSpec, plan: memory.MemoryPlan, layout: str, kv: KvCacheDtype,
+                   evidence: dict[str, Any], warnings: list[str]) -> Verdict:
+    """Turn a :class:`memory.MemoryPlan` into the fit verdict, in vLLM's words when it does not fit."""
+    length = plan.max_model_len
+    tokens = plan.kv_tokens
+    available = plan.kv_cache_bytes
+    evidence.update({"weights_per_gpu_bytes": plan.terms[0].bytes, "budget_bytes": plan.budget_bytes,
+                     "non_kv_bytes": plan.non_kv_bytes, "kv_cache_bytes": available,
+                     "kv_cache_dtype": kv.name, "kv_bytes_per_token": plan.kv_bytes_per_token,
+                     "kv_cache_tokens": tokens, "max_model_len": length, "max_num_seqs": plan.max_num_seqs,
+                     "max_num_batched_tokens": plan.max_num_batched_tokens,
+                     "terms": {t.name: {"bytes": t.bytes, "how": t.how} for t in plan.terms},
+                     "weights_read_from": model.weights.read_from if model.weights else "derived from config.json"})
+    details = [*plan.lines(), f"KV-cache dtype: {kv.reason}"]
+    headroom = plan.total_bytes - plan.budget_bytes
+    for term in plan.outside_budget:
+        if term.bytes > headroom:
+            warnings.append(f"{term.name} ({_gib(term.bytes)} GiB) do not fit the {_gib(headroom)} GiB outside "
+                            "the gpu_memory_utilization budget; vLLM allocates them after the KV cache")
+    weights = model.weights or derived_weights_for(model)
+    if not weights.from_headers:
+        warnings.append(f"{model.name}: weights {weights.provenance()}")
     if available <= 0:
         return Verdict.failed(
-            f"{model.name} at TP={tp}: No available memory for the cache blocks: {budget_text}. "
-            "Try increasing `gpu_memory_utilization`, or use more GPUs.",
-            evidence=evidence, rule_set=MEMORY_RULES)
-    tokens = available // bytes_per_token
-    evidence["kv_cache_tokens"] = tokens
+            f"{model.name} at {layout}: No available memory for the cache blocks: "
+            f"{_gib(plan.non_kv_bytes)} GiB of weights and profile-run memory per GPU exceed the "
+            f"{_gib(plan.budget_bytes)} GiB budget. Try increasing `gpu_memory_utilization`, or use more GPUs.",
+            details=tuple(details), evidence=evidence, warnings=tuple(warnings), rule_set=plan.rule_set)
     if length is None:
         return Verdict.failed(
             f"{model.name}: max_model_len is not given and the config has no "
-            "max_position_embeddings; pass max_model_len", evidence=evidence, rule_set=MEMORY_RULES)
-    blocks_per_request = math.ceil(length / KV_BLOCK_SIZE)
-    concurrency = (tokens // KV_BLOCK_SIZE) / blocks_per_request
+            "max_position_embeddings; pass max_model_len", details=tuple(details), evidence=evidence,
+            rule_set=plan.rule_set)
+    concurrency = plan.max_concurrency or 0.0
     evidence["max_concurrency"] = concurrency
-    details = (
-        budget_text,
-        f"KV cache: {_gib(available)} GiB / {bytes_per_token:,} bytes per token ({kv.name}) = "
-        f"{tokens:,} tokens",
-        f"Maximum concurrency for {length:,} tokens per request: {concurrency:.2f}x",
-        f"at max_num_seqs={seqs} running together: {tokens // seqs:,} tokens each",
-        f"KV-cache dtype: {kv.reason}",
-    )
+    details += [f"Maximum concurrency for {length:,} tokens per request: {concurrency:.2f}x",
+                f"at max_num_seqs={plan.max_num_seqs} running together: {tokens // plan.max_num_seqs:,} tokens each"]
     if tokens < length:
-        needed = length * bytes_per_token
+        needed = length * plan.kv_bytes_per_token
         return Verdict.failed(
-            f"{model.name} at TP={tp}: To serve at least one request with the models's max seq len "
+            f"{model.name} at {layout}: To serve at least one request with the models's max seq len "
             f"({length}), ({_gib(needed)} GiB KV cache is needed, which is larger than the available "
             f"KV cache memory ({_gib(available)} GiB). Based on the available memory, the estimated "
             f"maximum model length is {tokens}. Try increasing `gpu_memory_utilization` or "
             "decreasing `max_model_len` when initializing the engine.",
-            details=details, evidence=evidence, rule_set=MEMORY_RULES)
+            details=tuple(details), evidence=evidence, warnings=tuple(warnings), rule_set=plan.rule_set)
     if concurrency < 2:
-        warnings.append(f"thin headroom: the KV cache holds {concurrency:.2f} requests of "
-                        f"{length:,} tokens")
+        warnings.append(f"thin headroom: the KV cache holds {concurrency:.2f} requests of {length:,} tokens")
     return Verdict.passed(
-        f"{model.name} fits at TP={tp}: {tokens:,} KV tokens, {concurrency:.2f} requests of "
-        f"{length:,} tokens", details=details, evidence=evidence, warnings=tuple(warnings),
-        rule_set=MEMORY_RULES)
+        f"{model.name} fits at {layout}: {tokens:,} KV tokens, {concurrency:.2f} requests of "
+        f"{length:,} tokens", details=tuple(details), evidence=evidence, warnings=tuple(warnings),
+        rule_set=plan.rule_set)

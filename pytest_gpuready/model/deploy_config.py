@@ -81,6 +81,12 @@ class ServeArgs:
     max_model_len: int | None = None
     max_num_seqs: int | None = None
     gpu_memory_utilization: float = 0.9
+    max_num_batched_tokens: int | None = None
+    dtype: str = "auto"
+    """``--dtype``: auto, bfloat16, float16 or float32 (float32 doubles 16-bit weights)."""
+    quantization: str | None = None
+    """``--quantization``, e.g. fp8 (online FP8 of a 16-bit checkpoint)."""
+    enforce_eager: bool = False
     extra_args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -97,6 +103,8 @@ class Deployment:
     tp: int
     gpus: tuple[int, ...] | None = None
     ep: bool = False
+    pp: int = 1
+    """``--pipeline-parallel-size``: the deployment uses tp x pp GPUs."""
     kv_cache_dtype: str = "auto"
     gpu_arch: tuple[int, int] | None = None
     vllm_version: VllmVersion | None = None
@@ -112,6 +120,8 @@ class Deployment:
     def vllm_args(self) -> list[str]:
         """The ``vllm serve`` arguments this deployment implies (model path first)."""
         args = [self.model_path, "--tensor-parallel-size", str(self.tp)]
+        if self.pp > 1:
+            args += ["--pipeline-parallel-size", str(self.pp)]
         if self.ep:
             args.append("--enable-expert-parallel")
         if self.kv_cache_dtype != "auto":
@@ -120,6 +130,14 @@ class Deployment:
             args += ["--max-model-len", str(self.serve.max_model_len)]
         if self.serve.max_num_seqs is not None:
             args += ["--max-num-seqs", str(self.serve.max_num_seqs)]
+        if self.serve.max_num_batched_tokens is not None:
+            args += ["--max-num-batched-tokens", str(self.serve.max_num_batched_tokens)]
+        if self.serve.dtype != "auto":
+            args += ["--dtype", self.serve.dtype]
+        if self.serve.quantization is not None:
+            args += ["--quantization", self.serve.quantization]
+        if self.serve.enforce_eager:
+            args.append("--enforce-eager")
         args += ["--gpu-memory-utilization", str(self.serve.gpu_memory_utilization)]
         return args + list(self.serve.extra_args)
 
@@ -248,9 +266,12 @@ def _human_int(text: str) -> int | None:
     return int(value) if value == int(value) else None
 
 
-DEPLOYMENT_KEYS = ("name", "description", "model", "gpus", "tp", "ep", "kv_cache_dtype",
+DEPLOYMENT_KEYS = ("name", "description", "model", "gpus", "tp", "pp", "ep", "kv_cache_dtype",
                    "gpu_arch", "vllm_version", "serve", "expect")
-SERVE_KEYS = ("max_model_len", "max_num_seqs", "gpu_memory_utilization", "extra_args", "env")
+SERVE_KEYS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "dtype",
+              "quantization", "enforce_eager", "extra_args", "env")
+DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
+"""``--dtype`` choices (``ModelConfig.dtype``)."""
 EXPECT_KEYS = ("weights_per_gpu_gib", "throughput")
 THROUGHPUT_KEYS = ("concurrency", "min_output_tok_s", "input_len", "output_len", "num_prompts",
                    "max_p99_ttft_ms", "max_p99_tpot_ms")
@@ -296,12 +317,22 @@ def _serve(ctx: _Ctx, raw: Mapping[str, Any]) -> ServeArgs:
     if bad:
         raise ctx.error(f"serve.env.{bad[0]}", "a string value", env[bad[0]])
     util = raw.get("gpu_memory_utilization", 0.9)
+    dtype = raw.get("dtype", "auto")
+    if dtype not in DTYPES:
+        raise ctx.error("serve.dtype", f"one of {', '.join(DTYPES)}", dtype)
+    quantization = raw.get("quantization")
+    if quantization is not None:
+        quantization = ctx.str("serve.quantization", quantization)
     return ServeArgs(
         max_model_len=(ctx.int("serve.max_model_len", raw["max_model_len"], human=True)
                        if raw.get("max_model_len") is not None else None),
         max_num_seqs=(ctx.int("serve.max_num_seqs", raw["max_num_seqs"])
                       if raw.get("max_num_seqs") is not None else None),
         gpu_memory_utilization=ctx.number("serve.gpu_memory_utilization", util, at_most=1.0),
+        max_num_batched_tokens=(ctx.int("serve.max_num_batched_tokens", raw["max_num_batched_tokens"], human=True)
+                                if raw.get("max_num_batched_tokens") is not None else None),
+        dtype=dtype, quantization=quantization,
+        enforce_eager=ctx.bool("serve.enforce_eager", raw.get("enforce_eager", False)),
         extra_args=tuple(extra),
         env={str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in env.items()},
     )
@@ -383,8 +414,14 @@ def _deployment(file: str, base_dir: Path, position: int, raw: Any,
         tp = len(gpus)
     else:
         tp = ctx.int("tp", data["tp"])
-    if gpus is not None and len(gpus) != tp:
-        raise ctx.error("gpus", f"exactly tp={tp} GPU indexes", list(gpus))
+    pp = ctx.int("pp", data["pp"]) if data.get("pp") is not None else 1
+    if data.get("tp") is None and gpus is not None and pp > 1:
+        if len(gpus) % pp:
+            raise ctx.error("gpus", f"a multiple of pp={pp} GPU indexes", list(gpus))
+        tp = len(gpus) // pp
+    if gpus is not None and len(gpus) != tp * pp:
+        expected = f"exactly tp={tp} GPU indexes" if pp == 1 else f"exactly tp x pp = {tp * pp} GPU indexes"
+        raise ctx.error("gpus", expected, list(gpus))
     kv = data.get("kv_cache_dtype", "auto")
     if kv not in KV_CACHE_DTYPES:
         raise ctx.error("kv_cache_dtype", f"one of {', '.join(KV_CACHE_DTYPES)}", kv)
@@ -409,7 +446,7 @@ def _deployment(file: str, base_dir: Path, position: int, raw: Any,
     if description is not None and not isinstance(description, str):
         raise ctx.error("description", "a string", description)
     return Deployment(
-        name=name, model=model, model_path=model_path, tp=tp, gpus=gpus,
+        name=name, model=model, model_path=model_path, tp=tp, gpus=gpus, pp=pp,
         ep=ctx.bool("ep", data.get("ep", False)), kv_cache_dtype=kv, gpu_arch=arch,
         vllm_version=version, serve=_serve(ctx, ctx.mapping("serve", data.get("serve"))),
         expect=_expect(ctx, ctx.mapping("expect", data.get("expect"))),

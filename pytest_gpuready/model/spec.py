@@ -21,6 +21,7 @@ from typing import Any
 
 from pytest_gpuready.errors import ConfigError
 from pytest_gpuready.host.hosts import Host
+from pytest_gpuready.model.derived_weights import derive_weights
 from pytest_gpuready.model.safetensors_headers import ModelFiles, inspect_files, inspect_files_remote
 
 MLA_MODEL_TYPES = frozenset({
@@ -69,6 +70,11 @@ class Quantization:
         return " ".join(parts)
 
 
+HEADERS = "safetensors headers"
+INDEX_TOTAL = "index metadata.total_size"
+DERIVED = "derived from config.json"
+
+
 @dataclass(frozen=True)
 class Weights:
     """Sizes from the safetensors headers, and what is wrong with the files."""
@@ -84,10 +90,29 @@ class Weights:
     unused_bytes: int = 0
     """Bytes of layers past ``num_hidden_layers`` (MTP / next-n heads), which vLLM does not load."""
     index_name: str | None = None
+    read_from: str = HEADERS
+    """Where the sizes come from: the safetensors headers, the index's ``metadata.total_size``
+    (split derived from the config), or the config alone (``derived_weights``)."""
+    bytes_per_weight: str | None = None
+    """For derived sizes: how the quantized weights were sized."""
 
     @property
     def complete(self) -> bool:
         return not self.problems
+
+    @property
+    def from_headers(self) -> bool:
+        """True when every size was read from the checkpoint's own safetensors headers."""
+        return self.read_from == HEADERS
+
+    def provenance(self) -> str:
+        """One phrase for verdicts: where the weight figure comes from."""
+        if self.from_headers:
+            return "read from the safetensors headers"
+        if self.read_from == INDEX_TOTAL:
+            return (f"read from {self.index_name or 'the index'} metadata.total_size; the TP split is "
+                    "derived from config.json")
+        return f"derived from config.json ({self.bytes_per_weight}), not read from weights"
 
     def per_gpu_bytes(self, tp: int) -> int:
         """Weights one GPU holds at TP=tp (or TP=tp with EP: experts are split the same way)."""
@@ -533,6 +558,24 @@ def weights_from_files(files: ModelFiles, num_layers: int) -> Weights | None:
     )
 
 
+def derived_weights_for(spec: ModelSpec, index_total: int | None = None,
+                        index_name: str | None = None) -> Weights:
+    """Weights for a directory without safetensors files: the index's total when there is one,
+    else the config-derived total; the replicated / unused split is always derived."""
+    derived = derive_weights(spec)
+    total = derived.total_bytes
+    replicated, unused = derived.replicated_bytes, derived.unused_bytes
+    read_from = DERIVED
+    if index_total:
+        scale = index_total / max(1, derived.total_bytes)
+        total, replicated, unused = index_total, int(replicated * scale), int(unused * scale)
+        read_from = INDEX_TOTAL
+    return Weights(total_bytes=total, bytes_by_dtype={}, parameter_count=derived.parameter_count,
+                   tensor_count=0, shard_count=0, problems=(), replicated_bytes=replicated,
+                   unused_bytes=unused, index_name=index_name, read_from=read_from,
+                   bytes_per_weight=derived.bytes_per_weight)
+
+
 def spec_from_files(files: ModelFiles, where: str) -> ModelSpec:
     """Build the spec from a read model directory (``where`` names it in errors)."""
     for name, error in files.side_errors.items():
@@ -550,7 +593,11 @@ def spec_from_files(files: ModelFiles, where: str) -> ModelSpec:
     name = os.path.basename(where.rstrip("/")) or where
     spec = model_spec_from_config(config, name=name, source=f"{where}/config.json",
                                   hf_quant_config=hf_quant)
-    return replace(spec, weights=weights_from_files(files, spec.num_layers))
+    if files.shards:
+        return replace(spec, weights=weights_from_files(files, spec.num_layers))
+    # No safetensors headers here (a config-only directory, perhaps with the index): plan from
+    # the index's total_size or the architecture.
+    return replace(spec, weights=derived_weights_for(spec, files.index_total_size, files.index_name))
 
 
 def inspect_model(path: str | os.PathLike[str], host: Host | None = None) -> ModelSpec:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 pytest_plugins = [
     "pytest_gpuready.plugin.host_fixtures",
+    "pytest_gpuready.plugin.fleet",
     "pytest_gpuready.plugin.model_fixtures",
     "pytest_gpuready.plugin.server_fixtures",
 ]

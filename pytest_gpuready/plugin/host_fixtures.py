@@ -2,13 +2,17 @@
 
 Loaded by :mod:`pytest_gpuready.plugin`. The checks themselves live in
 :mod:`pytest_gpuready.host.checks`; this module only resolves settings, owns the session's
-:class:`HostSession`, and turns Verdicts into test outcomes.
+:class:`HostRegistry` (one :class:`HostSession` per host), and turns Verdicts into test outcomes.
+Each fixture works on its test's host (:func:`host_session_of`); with several hosts the tests
+are parametrized per host by :mod:`pytest_gpuready.plugin.fleet`.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,23 +24,41 @@ from pytest_gpuready.host.checks import (
     check_gpus_clean,
     check_shm_clean,
 )
+from pytest_gpuready.host.host_list import display_names, merge_hosts, read_hosts_file
 from pytest_gpuready.host.hosts import Host, HostSpec, parse_host_spec, validate_ssh_option
 from pytest_gpuready.host.orphans import find_orphans, reap_orphans
 from pytest_gpuready.host.probe import READERS
 from pytest_gpuready.host.shm import remove_leftovers, shm_display_name
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.plugin import settings as s
-from pytest_gpuready.plugin.host_session import HOST_SESSION_KEY, HostSession, get_host_session
+from pytest_gpuready.plugin.host_session import (
+    HOST_REGISTRY_KEY,
+    HostRegistry,
+    HostSession,
+    get_host_registry,
+    host_session_of,
+)
 from pytest_gpuready.plugin.outcomes import checked, expect
 from pytest_gpuready.plugin.report import gpu_table, header_lines
 from pytest_gpuready.verdict import Verdict
 
 
-def _parse_host(text: str) -> HostSpec:
+def _parse_hosts(text: str) -> tuple[HostSpec, ...]:
+    """One host spec, or several (a repeated ``--gpu-host``; env and ini: one a line)."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise ValueError("expected 'local', 'host', 'user@host' or 'ssh://user@host:port'")
+    specs = []
+    for line in lines:
+        try:
+            specs.append(parse_host_spec(line))
+        except HostSpecError as exc:
+            reason = str(exc).split(": ", 1)[-1]
+            raise ValueError(reason if len(lines) == 1 else f"{line.strip()!r}: {reason}") from None
     try:
-        return parse_host_spec(text)
+        return merge_hosts(specs)
     except HostSpecError as exc:
-        raise ValueError(str(exc).split(": ", 1)[-1]) from None
+        raise ValueError(str(exc)) from None
 
 
 def _parse_ssh_options(text: str) -> tuple[str, ...]:
@@ -49,10 +71,16 @@ def _parse_ssh_options(text: str) -> tuple[str, ...]:
     return options
 
 
-GPU_HOST = s.Setting(
+GPU_HOST: s.Setting[tuple[HostSpec, ...] | None] = s.Setting(
     "gpu_host", "--gpu-host", "GPUREADY_HOST", "gpu_host",
-    "GPU host to check: local (default), host, user@host or ssh://user@host:port.",
-    _parse_host, None, metavar="HOST",
+    "GPU host to check: local (default), host, user@host or ssh://user@host:port. Repeat it for "
+    "several hosts (env/ini: one a line); host-bound tests then run once per host.",
+    _parse_hosts, None, metavar="HOST", multiple=True,
+)
+GPU_HOSTS_FILE = s.Setting(
+    "gpu_hosts_file", "--gpu-hosts-file", "GPUREADY_HOSTS_FILE", "gpu_hosts_file",
+    "File of GPU hosts, one host spec a line (# comments, blank lines allowed); added after --gpu-host.",
+    s.parse_optional_str, None, metavar="FILE",
 )
 GPU_IDS = s.Setting(
     "gpu_ids", "--gpu-ids", "GPUREADY_GPU_IDS", "gpu_ids",
@@ -101,7 +129,7 @@ GPU_REAP_ORPHANS = s.Setting(
 )
 
 HOST_SETTINGS: tuple[s.Setting[Any], ...] = (
-    GPU_HOST, GPU_IDS, GPU_MAX_USED_MIB, GPU_READER, SSH_IDENTITY, SSH_OPTIONS, SSH_CONNECT_TIMEOUT,
+    GPU_HOST, GPU_HOSTS_FILE, GPU_IDS, GPU_MAX_USED_MIB, GPU_READER, SSH_IDENTITY, SSH_OPTIONS, SSH_CONNECT_TIMEOUT,
     SHM_MIN_FREE_MIB, SHM_REMOVE_LEFTOVERS, GPU_REAP_ORPHANS,
 )
 
@@ -126,63 +154,105 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     s.add_settings(parser, HOST_SETTINGS)
 
 
+def _hosts_from(resolved: dict[str, Any], config: pytest.Config) -> tuple[tuple[HostSpec, ...], bool]:
+    """The hosts given (``--gpu-host`` then ``--gpu-hosts-file``) and whether any was named at all."""
+    given: tuple[HostSpec, ...] = resolved["gpu_host"] or ()
+    path = resolved["gpu_hosts_file"]
+    from_file: tuple[HostSpec, ...] = ()
+    if path is not None:
+        full = Path(config.invocation_params.dir, os.path.expanduser(path))
+        try:
+            from_file = read_hosts_file(str(full))
+        except HostSpecError as exc:
+            raise pytest.UsageError(f"--gpu-hosts-file {exc}") from None
+    try:
+        specs = merge_hosts(given, from_file)
+        display_names(specs)
+    except HostSpecError as exc:
+        raise pytest.UsageError(f"--gpu-host: {exc}") from None
+    if not specs:
+        return (HostSpec("local"),), False
+    return specs, True
+
+
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     resolved = s.resolve_all(config, HOST_SETTINGS)
-    spec = resolved["gpu_host"]
-    config.stash[HOST_SESSION_KEY] = HostSession(
-        spec=spec if spec is not None else HostSpec("local"),
-        named_explicitly=spec is not None,
-        reader=resolved["gpu_reader"],
-        identity_file=resolved["ssh_identity"],
-        ssh_options=resolved["ssh_options"],
-        connect_timeout=resolved["ssh_connect_timeout"],
-    )
-    if config.stash[HOST_SESSION_KEY].spec.kind == "ssh" and resolved["gpu_reader"] == "nvml":
+    specs, named = _hosts_from(resolved, config)
+    if resolved["gpu_reader"] == "nvml" and any(spec.kind == "ssh" for spec in specs):
         raise pytest.UsageError(
             "--gpu-reader nvml reads this machine only; a remote --gpu-host needs auto or nvidia-smi"
         )
+    config.stash[HOST_REGISTRY_KEY] = HostRegistry([
+        HostSession(
+            spec=spec,
+            named_explicitly=named,
+            reader=resolved["gpu_reader"],
+            identity_file=resolved["ssh_identity"],
+            ssh_options=resolved["ssh_options"],
+            connect_timeout=resolved["ssh_connect_timeout"],
+            name=name,
+        )
+        for spec, name in zip(specs, display_names(specs), strict=True)
+    ])
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    session = config.stash.get(HOST_SESSION_KEY, None)
-    if session is not None:
-        session.close()
+    registry = config.stash.get(HOST_REGISTRY_KEY, None)
+    if registry is not None:
+        registry.close()
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    """True in the process that hands tests to xdist workers (it runs none itself)."""
+    return not hasattr(config, "workerinput") and config.getoption("dist", default="no") not in ("no", None)
 
 
 def _wants_probe_at_start(config: pytest.Config) -> bool:
-    """Probe for the header only when the user aims at GPUs: a named host or the built-in preflight."""
-    if config.option.collectonly:
+    """Probe for the header only when the user aims at GPUs: a named host or the built-in preflight.
+
+    Never under xdist's controller: the workers probe the hosts they run, in parallel; probing
+    every host here first would cost each host a second connection and serialize the fleet.
+    """
+    if config.option.collectonly or _is_xdist_controller(config):
         return False
-    session = get_host_session(config)
+    session = get_host_registry(config).first
     return session.named_explicitly or any("pytest_gpuready" in str(arg) for arg in config.args)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    session = get_host_session(config)
+    registry = get_host_registry(config)
     if not _wants_probe_at_start(config):
-        return [f"gpuready: host {session.spec} (probed when a check first asks)"]
-    try:
-        return header_lines(session.snapshot())
-    except Exception as exc:  # the header must never abort the session; the checks report the error
-        return [f"gpuready: host {session.spec}: {exc}"]
+        if registry.is_fleet:
+            return [f"gpuready: {len(registry)} hosts: {', '.join(registry)} (each probed when a check first asks)"]
+        return [f"gpuready: host {registry.first.spec} (probed when a check first asks)"]
+    lines = []
+    for session in registry.values():
+        try:
+            lines += header_lines(session.snapshot())
+        except Exception as exc:  # the header must never abort the session; the checks report the error
+            cause = str(exc)
+            named = cause if cause.startswith(f"{session.spec}: ") else f"{session.spec}: {cause}"
+            lines.append(f"gpuready: host {named}")
+    return lines
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    session = config.stash.get(HOST_SESSION_KEY, None)
-    latest = session.latest if session is not None else None
-    if latest is None or not latest.gpus:
-        return
-    terminalreporter.write_sep("=", f"gpuready: GPUs on {latest.host} (last snapshot)")
-    for line in gpu_table(latest):
-        terminalreporter.write_line(line)
+    registry = config.stash.get(HOST_REGISTRY_KEY, None)
+    for session in (registry or {}).values():
+        latest = session.latest
+        if latest is None or not latest.gpus:
+            continue
+        terminalreporter.write_sep("=", f"gpuready: GPUs on {latest.host} (last snapshot)")
+        for line in gpu_table(latest):
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")
-def gpu_host(pytestconfig: pytest.Config) -> Host:
-    """The connected GPU host of this session (``--gpu-host``; default the local machine)."""
-    return checked(lambda: get_host_session(pytestconfig).host)
+def gpu_host(_gpuready_host: HostSession) -> Host:
+    """The connected GPU host of this test (``--gpu-host``; default the local machine)."""
+    return checked(lambda: _gpuready_host.host)
 
 
 def _say(config: pytest.Config, line: str) -> None:
@@ -191,14 +261,14 @@ def _say(config: pytest.Config, line: str) -> None:
         reporter.write_line(f"\ngpuready: {line}")
 
 
-def snapshot_for_gpu_checks(config: pytest.Config, node: pytest.Item | None = None) -> HostSnapshot:
-    """The session's snapshot; with ``--gpu-reap-orphans``, taken after orphaned vLLM engines were stopped.
+def snapshot_for_gpu_checks(config: pytest.Config, session: HostSession, node: pytest.Item | None = None,
+                            ) -> HostSnapshot:
+    """The host's snapshot; with ``--gpu-reap-orphans``, taken after orphaned vLLM engines were stopped.
 
     The reaper signals only what :func:`~pytest_gpuready.host.orphans.find_orphans` proves orphaned,
     re-checking each on the host right before each signal; then the host is probed again (polling
     until the stopped pids have left the GPU listing) and what was stopped is printed and recorded.
     """
-    session = get_host_session(config)
     snap = session.snapshot()
     if not GPU_REAP_ORPHANS.get(config):
         return snap
@@ -221,20 +291,21 @@ def snapshot_for_gpu_checks(config: pytest.Config, node: pytest.Item | None = No
 
 
 @pytest.fixture
-def gpu_snapshot(request: pytest.FixtureRequest) -> HostSnapshot:
-    """What the host looks like now: GPUs, processes, /dev/shm, topology, vLLM version.
+def gpu_snapshot(_gpuready_host: HostSession, request: pytest.FixtureRequest) -> HostSnapshot:
+    """What the test's host looks like now: GPUs, processes, /dev/shm, topology, vLLM version.
 
     Taken once and reused until something marks it stale (the vLLM server fixtures do). With
     ``--gpu-reap-orphans`` orphaned vLLM engines are stopped first.
     """
-    return checked(lambda: snapshot_for_gpu_checks(request.config, request.node))
+    return checked(lambda: snapshot_for_gpu_checks(request.config, _gpuready_host, request.node))
 
 
 def _gpus_clean(request: pytest.FixtureRequest, gpus: Sequence[int] | None, max_used_mib: int | None) -> Verdict:
     __tracebackhide__ = True
     config = request.config
+    session = host_session_of(request)
     verdict = checked(lambda: check_gpus_clean(
-        snapshot_for_gpu_checks(config, request.node),
+        snapshot_for_gpu_checks(config, session, request.node),
         gpus=gpus if gpus is not None else GPU_IDS.get(config),
         max_used_mib=max_used_mib if max_used_mib is not None else GPU_MAX_USED_MIB.get(config),
     ))
@@ -244,7 +315,7 @@ def _gpus_clean(request: pytest.FixtureRequest, gpus: Sequence[int] | None, max_
 def _shm_clean(request: pytest.FixtureRequest, min_free_mib: int | None) -> Verdict:
     __tracebackhide__ = True
     config = request.config
-    session = get_host_session(config)
+    session = host_session_of(request)
     minimum = min_free_mib if min_free_mib is not None else SHM_MIN_FREE_MIB.get(config)
     verdict = checked(lambda: check_shm_clean(session.snapshot(), min_free_mib=minimum))
     if not verdict.ok and SHM_REMOVE_LEFTOVERS.get(config):

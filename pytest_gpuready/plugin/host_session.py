@@ -1,13 +1,18 @@
-"""One connection and one snapshot cache per pytest session.
+"""One connection and one snapshot cache per host per pytest session (per worker under xdist).
 
-The session connects to the GPU host lazily (nothing is contacted until a check asks), keeps
-the last :class:`HostSnapshot` until something that could change the host marks it stale
+A :class:`HostSession` connects to its GPU host lazily (nothing is contacted until a check asks),
+keeps the last :class:`HostSnapshot` until something that could change the host marks it stale
 (the vLLM server fixture does, on start and stop), and remembers a failure so that an
 unreachable host costs one ConnectTimeout per session, not one per test.
+
+A :class:`HostRegistry` holds one HostSession per ``--gpu-host`` / ``--gpu-hosts-file`` entry, by
+display name, in the order given. Host-bound fixtures ask :func:`host_session_of` for the
+session of their test's host (the hidden, per-host parametrized ``_gpuready_host`` fixture).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import pytest
@@ -29,11 +34,27 @@ class HostSession:
     identity_file: str | None = None
     ssh_options: tuple[str, ...] = ()
     connect_timeout: float = 10.0
+    name: str = ""
+    """The display name (test ids, reports): ``gpu-box-7`` for ``root@gpu-box-7``; ``str(spec)`` if empty."""
     snapshots_taken: int = 0
     _host: Host | None = field(default=None, init=False, repr=False)
     _latest: HostSnapshot | None = field(default=None, init=False, repr=False)
     _stale: bool = field(default=True, init=False, repr=False)
     _error: GpuReadyError | None = field(default=None, init=False, repr=False)
+
+    @property
+    def display_name(self) -> str:
+        return self.name or str(self.spec)
+
+    @property
+    def connected(self) -> bool:
+        """True once a :class:`Host` was made for this session (an ssh master opens on its first command)."""
+        return self._host is not None
+
+    @property
+    def last_error(self) -> GpuReadyError | None:
+        """The error of the last probe, if it failed (for reports; never probes)."""
+        return self._error
 
     @property
     def host(self) -> Host:
@@ -75,9 +96,57 @@ class HostSession:
             self._host = None
 
 
-HOST_SESSION_KEY = pytest.StashKey[HostSession]()
+class HostRegistry(Mapping[str, HostSession]):
+    """The hosts of this pytest session, by display name, in the order they were given."""
+
+    def __init__(self, sessions: list[HostSession]) -> None:
+        if not sessions:
+            raise ValueError("a host registry needs at least one host")
+        self._sessions = {session.display_name: session for session in sessions}
+
+    def __getitem__(self, name: str) -> HostSession:
+        return self._sessions[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._sessions)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    @property
+    def first(self) -> HostSession:
+        return next(iter(self._sessions.values()))
+
+    @property
+    def is_fleet(self) -> bool:
+        """More than one host: host-bound tests are parametrized per host."""
+        return len(self._sessions) > 1
+
+    def close(self) -> None:
+        for session in self._sessions.values():
+            session.close()
+
+
+HOST_REGISTRY_KEY = pytest.StashKey[HostRegistry]()
+HOST_FIXTURE = "_gpuready_host"
+"""The hidden fixture every host-bound fixture depends on; parametrized per host when there are several."""
+
+
+def get_host_registry(config: pytest.Config) -> HostRegistry:
+    """Every host of this session (created at configure time by the plugin)."""
+    return config.stash[HOST_REGISTRY_KEY]
 
 
 def get_host_session(config: pytest.Config) -> HostSession:
-    """The session's :class:`HostSession` (created at configure time by the plugin)."""
-    return config.stash[HOST_SESSION_KEY]
+    """The first host's :class:`HostSession` (the only one unless several hosts were given).
+
+    Kept for callers written for one host; code that runs inside a test should use
+    :func:`host_session_of`, which gives the host of that test.
+    """
+    return get_host_registry(config).first
+
+
+def host_session_of(request: pytest.FixtureRequest) -> HostSession:
+    """The HostSession of the host the requesting test runs against."""
+    session: HostSession = request.getfixturevalue(HOST_FIXTURE)
+    return session

@@ -26,7 +26,6 @@ from pytest_gpuready.errors import ConfigError, GpuReadyError
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.model.backends import KV_CACHE_DTYPES, format_arch, parse_gpu_arch
 from pytest_gpuready.model.checks import (
-    DEFAULT_RESERVE_GIB,
     check_fp8_block_alignment,
     check_memory_fit,
     check_mla_kv_backend,
@@ -36,7 +35,7 @@ from pytest_gpuready.model.deploy_config import DeployConfig, Deployment, load_d
 from pytest_gpuready.model.spec import ModelSpec, inspect_model
 from pytest_gpuready.model.vllm_version import VllmVersion, parse_vllm_version
 from pytest_gpuready.plugin import settings as s
-from pytest_gpuready.plugin.host_session import get_host_session
+from pytest_gpuready.plugin.host_session import HostSession, get_host_session, host_session_of
 from pytest_gpuready.plugin.outcomes import checked, expect
 from pytest_gpuready.verdict import Verdict
 
@@ -91,8 +90,10 @@ MARKERS = (
     "mla_kv_backend_supported(kv_cache_dtype='auto', gpu_arch=None, vllm_version=None): fail in setup "
     "unless vLLM has an MLA attention backend for the model on this GPU with this KV-cache dtype",
     "memory_fit(tp, gpus=None, gpu_memory_utilization=0.9, max_model_len=None, max_num_seqs=None, "
-    "kv_cache_dtype='auto', reserve_gib=3.0): fail in setup unless the weights and one max_model_len "
-    "request's KV cache fit in gpu_memory_utilization of each GPU",
+    "kv_cache_dtype='auto', reserve_gib=None, pipeline_parallel_size=1, ep=False, dtype='auto', "
+    "quantization=None, enforce_eager=False, max_num_batched_tokens=None): fail in setup unless the "
+    "weights, vLLM's profile-run memory and one max_model_len request's KV cache fit in "
+    "gpu_memory_utilization of each GPU",
 )
 
 _MARKER_SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -102,7 +103,8 @@ _MARKER_SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "fp8_block_alignment": (("tp", "ep"), ("tp", "ep", "vllm_version")),
     "mla_kv_backend_supported": (("kv_cache_dtype",), ("kv_cache_dtype", "gpu_arch", "vllm_version")),
     "memory_fit": (("tp",), ("tp", "gpus", "gpu_memory_utilization", "max_model_len", "max_num_seqs",
-                            "kv_cache_dtype", "reserve_gib")),
+                            "kv_cache_dtype", "reserve_gib", "pipeline_parallel_size", "ep", "dtype",
+                            "quantization", "enforce_eager", "max_num_batched_tokens")),
 }
 
 _DEPLOY_KEY = pytest.StashKey[DeployConfig | None]()
@@ -209,7 +211,7 @@ def resolve_vllm_version(request: pytest.FixtureRequest, deployment: Deployment 
     given = VLLM_VERSION.get(request.config)
     if given is not None:
         return given
-    session = get_host_session(request.config)
+    session = host_session_of(request)
     if not session.named_explicitly:
         return None
     try:
@@ -269,11 +271,13 @@ def _local_path(raw: str, base: Path) -> str:
     return expanded if os.path.isabs(expanded) else str((base / expanded).resolve())
 
 
-def load_model(config: pytest.Config, path: str) -> ModelSpec:
-    """Inspect a model directory once per session: here when it exists here, else on a remote
-    ``--gpu-host``. Errors (missing directory, malformed config.json) fail the asking test."""
+def load_model(config: pytest.Config, path: str, session: HostSession | None = None) -> ModelSpec:
+    """Inspect a model directory once per session: here when it exists here, else on the test's
+    remote host (``session``; default the first host). Errors (missing directory, malformed
+    config.json) fail the asking test."""
     __tracebackhide__ = True
-    session = get_host_session(config)
+    if session is None:
+        session = get_host_session(config)
     remote = not os.path.isdir(path) and session.spec.kind == "ssh"
     key = (str(session.spec) if remote else "local", path)
     cache = config.stash[_MODEL_CACHE_KEY]
@@ -333,20 +337,21 @@ def model_spec(request: pytest.FixtureRequest) -> ModelSpec:
     From, in order: ``@pytest.mark.model(path)``, the test's deployment, ``--gpuready-model``.
     """
     __tracebackhide__ = True
+    session = host_session_of(request)
     marker = request.node.get_closest_marker("model")
     if marker is not None:
         raw = marker_kwargs(marker).get("path")
         if not isinstance(raw, (str, os.PathLike)):
             _bad_marker("model", "path", raw, "a model directory path")
             raise AssertionError("unreachable")
-        return load_model(request.config, _local_path(os.fspath(raw), Path(request.path).parent))
+        return load_model(request.config, _local_path(os.fspath(raw), Path(request.path).parent), session)
     deployment = _deployment_if_any(request)
     if deployment is not None:
-        return load_model(request.config, deployment.model_path)
+        return load_model(request.config, deployment.model_path, session)
     given = GPUREADY_MODEL.get(request.config)
     if given is None:
         pytest.skip(SKIP_NO_MODEL)
-    return load_model(request.config, _local_path(given, request.config.invocation_params.dir))
+    return load_model(request.config, _local_path(given, request.config.invocation_params.dir), session)
 
 
 # ---------------------------------------------------------------- the checks, as a test sees them
@@ -370,16 +375,24 @@ def run_static_checks(request: pytest.FixtureRequest, model: ModelSpec, deployme
 def memory_fit_verdict(request: pytest.FixtureRequest, model: ModelSpec, *, tp: int,
                        gpus: Any = None, gpu_memory_utilization: float = 0.9,
                        max_model_len: int | None = None, max_num_seqs: int | None = None,
-                       kv_cache_dtype: str = "auto", reserve_gib: float = DEFAULT_RESERVE_GIB,
+                       kv_cache_dtype: str = "auto", reserve_gib: float | None = None,
+                       pipeline_parallel_size: int = 1, ep: bool = False, dtype: str = "auto",
+                       quantization: str | None = None, enforce_eager: bool = False,
+                       max_num_batched_tokens: int | None = None,
                        deployment: Deployment | None = None) -> Verdict:
     """Check memory fit on the GPU snapshot (skips when there is no GPU here and none was named)."""
     __tracebackhide__ = True
     snapshot = snapshot_with_gpus(request, "no GPU here: pass --gpu-host HOST to check memory fit")
     version = resolve_vllm_version(request, deployment)
+    allow_long = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true")
+    if deployment is not None:
+        allow_long = allow_long or deployment.serve.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "") in ("1", "true")
     return checked(lambda: check_memory_fit(
         model, snapshot, tp, gpus=gpus, gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype,
-        vllm_version=version, reserve_gib=reserve_gib))
+        vllm_version=version, reserve_gib=reserve_gib, pipeline_parallel_size=pipeline_parallel_size,
+        ep=ep, dtype=dtype, quantization=quantization, enforce_eager=enforce_eager,
+        max_num_batched_tokens=max_num_batched_tokens, allow_long_max_model_len=allow_long))
 
 
 @pytest.fixture(autouse=True)

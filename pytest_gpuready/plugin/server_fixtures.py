@@ -36,7 +36,7 @@ from pytest_gpuready.host.hosts import Host, LocalHost
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.model.deploy_config import Deployment, Throughput
 from pytest_gpuready.plugin import settings as s
-from pytest_gpuready.plugin.host_session import HOST_SESSION_KEY, HostSession
+from pytest_gpuready.plugin.host_session import HostSession
 from pytest_gpuready.plugin.model_fixtures import SKIP_NO_DEPLOY_FILE, deploy_config_of
 from pytest_gpuready.serve.bench import BenchResult, ServerGoneError, run_benchmark
 from pytest_gpuready.serve.server import ServerError, TeardownReport, VLLMServer
@@ -99,7 +99,8 @@ SERVER_SETTINGS: tuple[s.Setting[Any], ...] = (VLLM_CMD, VLLM_READY_TIMEOUT, VLL
 
 CURRENT_ITEM_KEY = pytest.StashKey[pytest.Item | None]()
 REPORT_KEY = pytest.StashKey[dict[str, list[dict[str, Any]]]]()
-POOL_KEY = pytest.StashKey["ServerPool"]()
+POOL_KEY = pytest.StashKey[dict[str, "ServerPool"]]()
+"""This session's server pools, one per host (by display name)."""
 
 
 # ---------------------------------------------------------------- hooks
@@ -134,8 +135,7 @@ class _SafetyNet:
         self.config = config
 
     def _stop(self, reason: str) -> None:
-        pool = self.config.stash.get(POOL_KEY, None)
-        if pool is not None:
+        for pool in self.config.stash.get(POOL_KEY, {}).values():
             pool.emergency_stop(reason)
 
     def pytest_keyboard_interrupt(self) -> None:
@@ -221,16 +221,17 @@ def _overlaps(a: ServeSpec, b: ServeSpec) -> bool:
 class ServerPool:
     """The servers of this session, one per distinct spec; stopped and verified at the end."""
 
-    def __init__(self, config: pytest.Config, log_dir: Path) -> None:
+    def __init__(self, config: pytest.Config, log_dir: Path, host_session: HostSession | None = None) -> None:
         self.config = config
         self.log_dir = log_dir
+        self._host_session = host_session
         self.servers: dict[ServeSpec, VLLMServer] = {}
         self.failures: dict[ServeSpec, str] = {}
         """Specs that failed to start or died: later requests fail at once with the cause, never wait again."""
 
     @property
     def host_session(self) -> HostSession | None:
-        return self.config.stash.get(HOST_SESSION_KEY, None)
+        return self._host_session
 
     def host(self) -> Host:
         session = self.host_session
@@ -405,14 +406,16 @@ class ServerFactory:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerFactory]:
+def vllm_server(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFactory,
+                _gpuready_host: HostSession) -> Iterator[ServerFactory]:
     """Factory of ready vLLM servers: ``server = vllm_server(ServeSpec(...) | deployment | "name")``.
 
-    Servers are shared for the whole session (one per spec) and stopped, then verified clean,
-    at its end; ``vllm_server.stop(server)`` stops one earlier. With ``--vllm-url`` it attaches.
+    Servers are shared for the whole session (one per spec, on the test's host) and stopped, then
+    verified clean, at its end (with several hosts: when the tests move on to the next host);
+    ``vllm_server.stop(server)`` stops one earlier. With ``--vllm-url`` it attaches.
     """
-    pool = ServerPool(pytestconfig, tmp_path_factory.mktemp("vllm-logs"))
-    pytestconfig.stash[POOL_KEY] = pool
+    pool = ServerPool(pytestconfig, tmp_path_factory.mktemp("vllm-logs"), _gpuready_host)
+    pytestconfig.stash.setdefault(POOL_KEY, {})[_gpuready_host.display_name] = pool
     yield ServerFactory(pool)
     reports = pool.stop_all()
     bad = [r for r in reports if not r.ok]
@@ -497,9 +500,9 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
         except ServerGoneError as exc:
             died = server.died_error("during the benchmark",
                                      f"{exc.sent} requests sent ({exc.failed} failed), then no more")
-            pool = pytestconfig.stash.get(POOL_KEY, None)
-            if pool is not None:
-                pool.mark_dead(server.spec, died.summary)
+            for pool in pytestconfig.stash.get(POOL_KEY, {}).values():
+                if any(kept is server for kept in pool.servers.values()):
+                    pool.mark_dead(server.spec, died.summary)
             failure = str(died)
         except (GpuReadyError, ValueError) as exc:
             failure = f"benchmark of {_context(server)} could not measure: {exc}"

@@ -17,7 +17,7 @@ from pytest_gpuready.model.checks import (
     check_tp_divisibility,
 )
 from pytest_gpuready.model.deploy_config import Deployment
-from pytest_gpuready.model.spec import ModelSpec
+from pytest_gpuready.model.spec import ModelSpec, derived_weights_for
 from pytest_gpuready.plugin.model_fixtures import (
     NO_DEPLOY_FILE,
     deploy_config_of,
@@ -67,7 +67,10 @@ def test_memory_fit(deployment: Deployment, model_spec: ModelSpec, request: pyte
     verdict = memory_fit_verdict(
         request, model_spec, tp=deployment.tp, gpus=deployment.gpus,
         gpu_memory_utilization=serve.gpu_memory_utilization, max_model_len=serve.max_model_len,
-        max_num_seqs=serve.max_num_seqs, kv_cache_dtype=deployment.kv_cache_dtype, deployment=deployment)
+        max_num_seqs=serve.max_num_seqs, kv_cache_dtype=deployment.kv_cache_dtype,
+        pipeline_parallel_size=deployment.pp, ep=deployment.ep, dtype=serve.dtype,
+        quantization=serve.quantization, enforce_eager=serve.enforce_eager,
+        max_num_batched_tokens=serve.max_num_batched_tokens, deployment=deployment)
     expect(verdict, request.node, "memory_fit")
 
 
@@ -75,7 +78,7 @@ def test_model_files_complete(deployment: Deployment, model_spec: ModelSpec,
                               request: pytest.FixtureRequest) -> None:
     """Every shard the index names exists, its header parses, and its size matches the header."""
     weights = model_spec.weights
-    if weights is None:
+    if weights is None or not weights.from_headers:
         pytest.skip(f"{deployment.model}: config only, no safetensors weights to check")
     summary = (f"{model_spec.name}: {weights.shard_count} shards, {weights.total_bytes / GIB:.1f} GiB, "
                f"{weights.tensor_count:,} tensors")
@@ -96,11 +99,11 @@ def test_weights_footprint_expectation(deployment: Deployment, model_spec: Model
     low, high = deployment.expect.weights_per_gpu_gib_min, deployment.expect.weights_per_gpu_gib_max
     if low is None and high is None:
         pytest.skip(f"{deployment.name}: no expect.weights_per_gpu_gib bounds in the deploy file")
-    if model_spec.weights is None:
-        pytest.skip(f"{deployment.model}: config only, no safetensors weights to size")
-    per_gpu = model_spec.weights.per_gpu_bytes(deployment.tp) / GIB
+    weights = model_spec.weights or derived_weights_for(model_spec)
+    per_gpu = weights.per_gpu_bytes(deployment.tp) / GIB
     bounds = f"[{low if low is not None else '-'}, {high if high is not None else '-'}] GiB"
     inside = (low is None or per_gpu >= low) and (high is None or per_gpu <= high)
     verdict = Verdict(inside, f"{model_spec.name} at TP={deployment.tp}: {per_gpu:.1f} GiB of weights "
-                              f"per GPU, expected {bounds}", evidence={"weights_per_gpu_gib": per_gpu})
+                              f"per GPU ({weights.provenance()}), expected {bounds}",
+                      evidence={"weights_per_gpu_gib": per_gpu, "weights_read_from": weights.read_from})
     expect(verdict, request.node, "weights_footprint")

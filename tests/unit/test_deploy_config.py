@@ -88,7 +88,7 @@ def test_human_readable_max_model_len(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     (MINIMAL.replace("tp: 2", "tensor_parallel: 2"),
-     "deployment 'tiny': unknown key 'tensor_parallel'; expected one of: name, description, model, gpus, tp, ep, "
+     "deployment 'tiny': unknown key 'tensor_parallel'; expected one of: name, description, model, gpus, tp, pp, ep, "
      "kv_cache_dtype, gpu_arch, vllm_version, serve, expect"),
     (MINIMAL.replace("tp: 2", "tp: 2\n    kv_cache_dtyp: fp8"),
      "deployment 'tiny': unknown key 'kv_cache_dtyp' (did you mean 'kv_cache_dtype'?); expected one of: "),

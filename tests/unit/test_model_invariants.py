@@ -426,15 +426,71 @@ def test_weights_from_the_sparse_checkpoint(minimax_weights: ModelSpec) -> None:
 
 
 def test_minimax_tp4_fits_on_rtx_pro_6000(minimax_weights: ModelSpec) -> None:
-    verdict = check_memory_fit(minimax_weights, rtx(), 4, gpus=[0, 1, 2, 3], max_model_len=196608)
+    verdict = check_memory_fit(minimax_weights, rtx(), 4, gpus=[0, 1, 2, 3], max_model_len=196608,
+                               vllm_version="0.19.0")
     assert verdict.ok, verdict.message
-    assert verdict.summary == "MiniMax-M2.5 fits at TP=4: 497,355 KV tokens, 2.53 requests of 196,608 tokens"
-    assert verdict.details[0] == ("53.63 GiB weights + 3 GiB reserve per GPU of a 86.03 GiB budget (0.9 x "
-                                  "95.59 GiB)")
-    assert verdict.details[2] == "Maximum concurrency for 196,608 tokens per request: 2.53x"
-    assert verdict.details[3] == "at max_num_seqs=1024 running together: 485 tokens each"
+    assert verdict.summary == "MiniMax-M2.5 fits at TP=4: 458,208 KV tokens, 2.33 requests of 196,608 tokens"
+    assert verdict.details[0] == ("budget: 86.03 GiB = ceil(95.59 GiB x gpu_memory_utilization) "
+                                  "(vllm/v1/worker/utils.py:request_memory)")
+    assert verdict.details[1] == "- weights: 53.63 GiB (read; read from the safetensors headers)"
+    assert verdict.details[2].startswith("- activation peak: 3.43 GiB (derived; profile run, compiled: "
+                                         "max(forward over max_num_batched_tokens=8,192 0.66 GiB, sampler "
+                                         "over 1,024 dummy requests x vocab 200,064 3.43 GiB)")
+    assert verdict.details[3].startswith("- non-torch: 1.88 GiB (measured; ")
+    assert verdict.details[4] == ("KV cache: 27.09 GiB = budget - the terms above; / 63,488 bytes per token "
+                                  "= 458,208 tokens")
+    assert verdict.details[5].startswith("outside the budget: CUDA graphs: 1.70 GiB (measured; ")
+    assert "Maximum concurrency for 196,608 tokens per request: 2.33x" in verdict.details
     assert verdict.evidence["kv_bytes_per_token"] == 63_488
+    assert verdict.rule_set == "vLLM <= 0.24 memory accounting (vLLM 0.19.0)"
     assert verdict.warnings == ()
+
+
+def test_config_only_memory_fit_uses_derived_weights_and_says_so() -> None:
+    verdict = check_memory_fit(MINIMAX, rtx(), 4, vllm_version="0.19.0")
+    assert verdict.ok
+    assert verdict.summary == "MiniMax-M2.5 fits at TP=4: 458,224 KV tokens, 2.33 requests of 196,608 tokens"
+    assert verdict.details[1].startswith("- weights: 53.63 GiB (derived; derived from config.json (fp8 block")
+    assert verdict.warnings == ("MiniMax-M2.5: weights derived from config.json (fp8 block [128, 128]: 1 byte "
+                                "+ a float32 scale per block), not read from weights",)
+
+
+def test_cuda_graphs_are_counted_where_the_version_counts_them(minimax_weights: ModelSpec) -> None:
+    old = check_memory_fit(minimax_weights, rtx(), 4, vllm_version="0.19.0")
+    new = check_memory_fit(minimax_weights, rtx(), 4, vllm_version="0.25.0")
+    eager = check_memory_fit(minimax_weights, rtx(), 4, vllm_version="0.25.0", enforce_eager=True)
+    graphs = 62 * int(0.44 * 1024**3 / 16)
+    assert old.evidence["kv_cache_bytes"] - new.evidence["kv_cache_bytes"] == graphs  # MoE: V1 runner in 0.25
+    assert eager.evidence["kv_cache_bytes"] == old.evidence["kv_cache_bytes"]
+
+
+def test_serve_settings_move_the_terms(minimax_weights: ModelSpec) -> None:
+    base = check_memory_fit(minimax_weights, rtx(), 4, vllm_version="0.19.0").evidence
+    fewer_seqs = check_memory_fit(minimax_weights, rtx(), 4, vllm_version="0.19.0", max_num_seqs=256).evidence
+    pp = check_memory_fit(minimax_weights, rtx(), 2, vllm_version="0.19.0", pipeline_parallel_size=2).evidence
+    assert fewer_seqs["terms"]["activation peak"]["bytes"] == 256 * 200_064 * 18
+    assert fewer_seqs["kv_cache_tokens"] > base["kv_cache_tokens"]
+    assert pp["gpus"] == [0, 1, 2, 3]
+    assert pp["kv_bytes_per_token"] == 2 * 31 * 4 * 128 * 2  # 31 of 62 layers, 8 KV heads / TP 2
+
+
+def test_max_model_len_above_the_config_fails_as_vllm_does(minimax_weights: ModelSpec) -> None:
+    verdict = check_memory_fit(minimax_weights, rtx(), 4, max_model_len=250_000)
+    assert not verdict.ok
+    assert verdict.summary == (
+        "MiniMax-M2.5: User-specified max_model_len (250000) is greater than the derived max_model_len "
+        "(max_position_embeddings=196608 or model_max_length=None in model's config.json). To allow overriding "
+        "this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.")
+    allowed = check_memory_fit(minimax_weights, rtx(), 4, max_model_len=250_000, allow_long_max_model_len=True)
+    assert allowed.ok
+    assert allowed.warnings[0] == ("MiniMax-M2.5: max_model_len 250000 > 196608: positions past the trained "
+                                   "length lead to nan with RoPE")
+
+
+def test_fixed_reserve_replaces_the_profile_terms(minimax_weights: ModelSpec) -> None:
+    verdict = check_memory_fit(minimax_weights, rtx(), 4, max_model_len=196608, reserve_gib=3.0)
+    assert verdict.summary == "MiniMax-M2.5 fits at TP=4: 497,344 KV tokens, 2.53 requests of 196,608 tokens"
+    assert verdict.details[2] == "- reserve: 3.00 GiB (given; reserve_gib replaces vLLM's profile-run terms)"
 
 
 def test_busy_gpus_fail_like_vllms_startup_check(minimax_weights: ModelSpec) -> None:
@@ -449,26 +505,28 @@ def test_busy_gpus_fail_like_vllms_startup_check(minimax_weights: ModelSpec) -> 
 
 
 def test_nothing_left_for_the_kv_cache(minimax_weights: ModelSpec) -> None:
-    verdict = check_memory_fit(minimax_weights, h200(), 1)
+    verdict = check_memory_fit(minimax_weights, h200(), 1, vllm_version="0.19.0")
     assert verdict.summary == (
-        "MiniMax-M2.5 at TP=1: No available memory for the cache blocks: 214.23 GiB weights + 3 GiB reserve per "
-        "GPU of a 125.82 GiB budget (0.9 x 139.80 GiB). Try increasing `gpu_memory_utilization`, or use more GPUs.")
+        "MiniMax-M2.5 at TP=1: No available memory for the cache blocks: 217.94 GiB of weights and profile-run "
+        "memory per GPU exceed the 125.82 GiB budget. Try increasing `gpu_memory_utilization`, or use more GPUs.")
 
 
 def test_one_request_of_max_model_len_must_fit(minimax_weights: ModelSpec) -> None:
-    verdict = check_memory_fit(minimax_weights, rtx(), 4, max_model_len=1_000_000)
+    verdict = check_memory_fit(minimax_weights, rtx(), 4, max_model_len=1_000_000, vllm_version="0.19.0",
+                               allow_long_max_model_len=True)
     assert not verdict.ok
     assert verdict.summary == (
         "MiniMax-M2.5 at TP=4: To serve at least one request with the models's max seq len (1000000), (59.13 GiB "
-        "KV cache is needed, which is larger than the available KV cache memory (29.41 GiB). Based on the "
-        "available memory, the estimated maximum model length is 497355. Try increasing "
+        "KV cache is needed, which is larger than the available KV cache memory (27.09 GiB). Based on the "
+        "available memory, the estimated maximum model length is 458208. Try increasing "
         "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine.")
 
 
 def test_thin_headroom_warns(minimax_weights: ModelSpec) -> None:
-    verdict = check_memory_fit(minimax_weights, rtx(), 4, max_model_len=300_000)
+    verdict = check_memory_fit(minimax_weights, rtx(), 4, max_model_len=250_000, vllm_version="0.19.0",
+                               allow_long_max_model_len=True)
     assert verdict.ok
-    assert verdict.warnings == ("thin headroom: the KV cache holds 1.66 requests of 300,000 tokens",)
+    assert verdict.warnings[-1] == "thin headroom: the KV cache holds 1.83 requests of 250,000 tokens"
 
 
 def test_little_free_memory_above_the_budget_warns(minimax_weights: ModelSpec) -> None:
@@ -482,12 +540,6 @@ def test_little_free_memory_above_the_budget_warns(minimax_weights: ModelSpec) -
 def test_more_tp_than_gpus(minimax_weights: ModelSpec) -> None:
     verdict = check_memory_fit(minimax_weights, h200(), 4)
     assert verdict.summary == "TP=4 needs 4 GPUs; h200 offers 1 (GPUs 0)"
-
-
-def test_memory_fit_needs_weights() -> None:
-    verdict = check_memory_fit(MINIMAX, rtx(), 4)
-    assert verdict.summary == ("cannot check memory fit for MiniMax-M2.5: no safetensors weights at config.json "
-                               "(a config-only model); point the model path at the checkpoint")
 
 
 def test_memory_fit_without_gpus_raises_no_gpu() -> None:

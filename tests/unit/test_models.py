@@ -247,9 +247,26 @@ def test_inspect_model_with_incomplete_weights_lists_problems(tmp_path: Path) ->
     assert weights.problems == (f"{names[0]}: missing (named in model.safetensors.index.json)",)
 
 
-def test_config_only_directory(tmp_path: Path) -> None:
+def test_config_only_directory_gets_derived_weights(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(tiny_config()))
-    assert inspect_model(tmp_path).weights is None
+    weights = inspect_model(tmp_path).weights
+    assert weights is not None
+    assert not weights.from_headers
+    assert weights.provenance().startswith("derived from config.json (bfloat16: 2 bytes per weight)")
+    # embed + lm_head 2 x 512 x 64, per layer q/o 2 x 64 x 64, k/v 2 x 32 x 64, MLP 3 x 64 x 128, 2 norms
+    params = 2 * 512 * 64 + 2 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 64 * 128 + 2 * 64) + 64
+    assert weights.parameter_count == params
+    assert weights.total_bytes == 2 * params
+
+
+def test_config_and_index_directory_takes_the_index_total(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(tiny_config()))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": 300000}, "weight_map": {"lm_head.weight": "model-00001-of-00001.safetensors"}}))
+    weights = inspect_model(tmp_path).weights
+    assert weights is not None
+    assert weights.total_bytes == 300000
+    assert weights.provenance().startswith("read from model.safetensors.index.json metadata.total_size")
 
 
 def test_missing_directory(tmp_path: Path) -> None:

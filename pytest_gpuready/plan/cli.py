@@ -1,0 +1,106 @@
+"""``python -m pytest_gpuready plan MODEL_DIR ...`` and the ``gpuready`` console script.
+
+A thin shell over :func:`~pytest_gpuready.plan.planner.plan_layouts`: parse the options, read the
+model (config-only directories work) and the GPUs (a host's probe or a preset), print the plan,
+optionally write the deploy file. Bad input is one line on stderr and exit 2; a host that cannot
+be probed is one line and exit 3. Exit 0 when at least one layout works, 1 when none does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+from pytest_gpuready.errors import ConfigError, GpuReadyError
+from pytest_gpuready.host.hosts import connect
+from pytest_gpuready.host.probe import snapshot as probe_snapshot
+from pytest_gpuready.model.deploy_config import ServeArgs, _human_int
+from pytest_gpuready.model.spec import inspect_model
+from pytest_gpuready.model.vllm_version import parse_vllm_version
+from pytest_gpuready.plan.deploy_writer import deploy_document, write_deploy
+from pytest_gpuready.plan.planner import format_table, plan_layouts
+from pytest_gpuready.plan.presets import parse_gpus, preset_snapshot
+
+
+def _length(text: str) -> int:
+    value = _human_int(text)
+    if value is None or value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of tokens like 131072 or 128k")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number in (0, 1] like 0.9")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="gpuready", description="pytest-gpuready tools")
+    commands = top.add_subparsers(dest="command", required=True)
+    plan = commands.add_parser("plan", help="list every TP/PP/EP and KV-dtype layout, best first")
+    plan.add_argument("model_dir", metavar="MODEL_DIR",
+                      help="model directory: a checkpoint, or only config.json (+ index, hf_quant_config.json)")
+    where = plan.add_mutually_exclusive_group()
+    where.add_argument("--gpu-host", metavar="HOST", help="probe this host's GPUs and topology (ssh or 'local')")
+    where.add_argument("--gpus", metavar="NxNAME", help="plan on presets, e.g. 8xH100-80GB, 8xRTX-PRO-6000")
+    plan.add_argument("--vllm-version", metavar="V", help="the vLLM whose rules apply (default: newest)")
+    plan.add_argument("--max-model-len", metavar="N", type=_length)
+    plan.add_argument("--max-num-seqs", metavar="N", type=_length)
+    plan.add_argument("--max-num-batched-tokens", metavar="N", type=_length)
+    plan.add_argument("--gpu-memory-utilization", metavar="F", type=_fraction, default=0.9)
+    plan.add_argument("--enforce-eager", action="store_true")
+    plan.add_argument("--write-deploy", metavar="FILE", help="write the best working layouts as a deploy file")
+    plan.add_argument("--choose", metavar="N", type=int, default=1,
+                      help="how many working layouts --write-deploy writes (default 1, the best)")
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        version = parse_vllm_version(args.vllm_version) if args.vllm_version else None
+    except ValueError as exc:
+        print(f"gpuready plan: --vllm-version: {exc}", file=sys.stderr)
+        return 2
+    try:
+        model = inspect_model(args.model_dir)
+        if args.gpus:
+            count, preset = parse_gpus(args.gpus)
+            snap = preset_snapshot(count, preset)
+        else:
+            host = connect(args.gpu_host or "local")
+            snap = probe_snapshot(host)
+            snap.require_gpus()
+    except ConfigError as exc:
+        print(f"gpuready plan: {exc}", file=sys.stderr)
+        return 2
+    except GpuReadyError as exc:
+        print(f"gpuready plan: {exc}; pass --gpus 8xH100-80GB to plan on presets", file=sys.stderr)
+        return 3
+    serve = ServeArgs(max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                      max_num_batched_tokens=args.max_num_batched_tokens,
+                      gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager)
+    allow_long = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true")
+    rows = plan_layouts(model, snap, model_path=args.model_dir, vllm_version=version, serve=serve,
+                        allow_long_max_model_len=allow_long)
+    note = (f"rules: vLLM {version}" if version else
+            "rules: newest (vLLM version unknown; pass --vllm-version)")
+    print(format_table(rows, model, snap.host, note))
+    working = [row for row in rows if row.ok]
+    if args.write_deploy:
+        if not working:
+            print(f"gpuready plan: no layout works; {args.write_deploy} not written", file=sys.stderr)
+            return 1
+        gpu = snap.require_gpus()[0]
+        write_deploy(args.write_deploy, deploy_document(
+            model.name, args.model_dir, working[:max(1, args.choose)], serve=serve,
+            capability=gpu.compute_capability, version=version))
+        print(f"\nwrote {min(len(working), max(1, args.choose))} deployment(s) to {args.write_deploy}")
+    return 0 if working else 1

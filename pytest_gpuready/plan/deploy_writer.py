@@ -1,0 +1,67 @@
+"""``--write-deploy FILE``: the chosen layouts as deploy-file entries the preflight then runs."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from pytest_gpuready.model.backends import format_arch
+from pytest_gpuready.model.deploy_config import ServeArgs
+from pytest_gpuready.model.vllm_version import VllmVersion
+from pytest_gpuready.plan.planner import LayoutRow
+
+
+def deployment_name(model_name: str, row: LayoutRow) -> str:
+    layout = row.layout
+    name = f"{model_name}-tp{layout.tp}" + (f"-pp{layout.pp}" if layout.pp > 1 else "")
+    name += "-ep" if layout.ep else ""
+    name += "" if layout.kv_cache_dtype == "auto" else f"-kv{layout.kv_cache_dtype}"
+    return re.sub(r"[^A-Za-z0-9._-]", "-", name).lstrip("-._") or "model"
+
+
+def deploy_document(model_name: str, model_path: str, rows: Sequence[LayoutRow], *, serve: ServeArgs,
+                    capability: tuple[int, int] | None, version: VllmVersion | None) -> dict[str, Any]:
+    defaults: dict[str, Any] = {}
+    if capability is not None:
+        defaults["gpu_arch"] = format_arch(capability).lower()
+    if version is not None:
+        defaults["vllm_version"] = str(version)
+    deployments = []
+    for row in rows:
+        entry: dict[str, Any] = {
+            "name": deployment_name(model_name, row),
+            "description": f"planned by `gpuready plan`: {row.layout.describe()}, {row.locality}",
+            "model": os.path.abspath(model_path), "gpus": list(row.gpus), "tp": row.layout.tp}
+        if row.layout.pp > 1:
+            entry["pp"] = row.layout.pp
+        if row.layout.ep:
+            entry["ep"] = True
+        if row.layout.kv_cache_dtype != "auto":
+            entry["kv_cache_dtype"] = row.layout.kv_cache_dtype
+        serve_entry: dict[str, Any] = {"gpu_memory_utilization": serve.gpu_memory_utilization}
+        for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "quantization"):
+            value = getattr(serve, key)
+            if value is not None:
+                serve_entry[key] = value
+        if serve.dtype != "auto":
+            serve_entry["dtype"] = serve.dtype
+        if serve.enforce_eager:
+            serve_entry["enforce_eager"] = True
+        entry["serve"] = serve_entry
+        deployments.append(entry)
+    document: dict[str, Any] = {}
+    if defaults:
+        document["defaults"] = defaults
+    document["deployments"] = deployments
+    return document
+
+
+def write_deploy(path: str, document: dict[str, Any]) -> None:
+    header = ("# Written by `python -m pytest_gpuready plan --write-deploy`; check it with\n"
+              f"#   pytest --pyargs pytest_gpuready.preflight --gpuready-config {path} -rs\n")
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(header + yaml.safe_dump(document, sort_keys=False))
