@@ -384,7 +384,7 @@ class VLLMServer:
     def sample_shm_ownership(self) -> None:
         """Note which /dev/shm files the server's processes hold now (teardown checks those alone)."""
         if self._process is not None:
-            self.shm_ownership.sample(self.host, [p.pid for p in self.processes()])
+            self.shm_ownership.sample(self.host, self._process.pid, [p.pid for p in self.processes()])
 
     def read_log(self) -> str:
         """The whole log so far ('' when attached: the log is the service manager's)."""

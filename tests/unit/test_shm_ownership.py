@@ -74,10 +74,15 @@ def test_only_files_held_by_the_servers_processes_or_named_for_them_are_its(tag:
     foreign = spawn(tag, "foreign", loky=True)
     try:
         ownership = ShmOwnership()
-        ownership.sample(host, [p.pid for p in session_members(host, server.pid, 0) if p.alive])
+        ownership.sample(host, server.pid, [p.pid for p in session_members(host, server.pid, 0) if p.alive])
         assert ownership.held == {f"psm_{tag}_server", f"server vllm cache {tag}"}
         assert server.pid in ownership.pids  # with its resource tracker, a member of its session too
         assert ownership.owns(f"sem.loky-{server.pid}-{tag}")
+        # A pid that is not (or no longer) a member of the session is never credited, even if passed:
+        # what a member's recycled pid would look like, read between the listing and the holders.
+        other = ShmOwnership()
+        other.sample(host, server.pid, [foreign.pid])
+        assert other.held == set()
         assert not ownership.owns(f"sem.loky-{foreign.pid}-{tag}")
         assert ownership.present(host) == {f"psm_{tag}_server", f"server vllm cache {tag}",
                                            f"sem.loky-{server.pid}-{tag}"}
@@ -102,7 +107,7 @@ def test_a_server_that_held_nothing_owns_nothing(tag: str, tmp_path: Path) -> No
     foreign = spawn(tag, "foreign", loky=False)
     try:
         ownership = ShmOwnership()
-        ownership.sample(host, [])
+        ownership.sample(host, 1, [])
         assert wait_shm_gone(host, ownership, 5) == ()
         assert f"psm_{tag}_foreign" in mine(tag)
     finally:
