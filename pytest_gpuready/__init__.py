@@ -42,6 +42,8 @@ if TYPE_CHECKING:  # the real imports, for type checkers; at run time names load
         kv_cache_bytes_per_token,
     )
     from pytest_gpuready.model.deploy_config import DeployConfig, Deployment, Throughput, load_deploy_config
+    from pytest_gpuready.model.layout import Layout
+    from pytest_gpuready.model.rules import DeploymentCheck, check_deployment
     from pytest_gpuready.model.spec import ModelSpec, inspect_model, model_spec_from_config
     from pytest_gpuready.model.vllm_version import parse_vllm_version
     from pytest_gpuready.plugin.outcomes import checked, expect
@@ -69,6 +71,9 @@ _EXPORTS: dict[str, str] = {
     "CommandResult": "pytest_gpuready.host.hosts",
     "ConfigError": "pytest_gpuready.errors",
     "DeployConfig": "pytest_gpuready.model.deploy_config",
+    "DeploymentCheck": "pytest_gpuready.model.rules",
+    "Layout": "pytest_gpuready.model.layout",
+    "check_deployment": "pytest_gpuready.model.rules",
     "Deployment": "pytest_gpuready.model.deploy_config",
     "EngineDeadError": "pytest_gpuready.serve.server_errors",
     "Footprint": "pytest_gpuready.serve.footprint",
@@ -154,6 +159,7 @@ __all__ = [
     "ConfigError",
     "DeployConfig",
     "Deployment",
+    "DeploymentCheck",
     "EngineDeadError",
     "Footprint",
     "GpuInfo",
@@ -166,6 +172,7 @@ __all__ = [
     "HostSnapshot",
     "HostSpec",
     "HostSpecError",
+    "Layout",
     "LocalHost",
     "ModelSpec",
     "NoGpuError",
@@ -191,6 +198,7 @@ __all__ = [
     "__version__",
     "build_argv",
     "build_env",
+    "check_deployment",
     "check_fp8_block_alignment",
     "check_gpus_clean",
     "check_memory_fit",

@@ -6,6 +6,9 @@ messages end up as the only line a CI log shows for a red preflight.
 
 from __future__ import annotations
 
+import reprlib
+from typing import Any
+
 
 class GpuReadyError(Exception):
     """Base class for every error the plugin raises on purpose."""
@@ -40,3 +43,30 @@ class GpuReadyWarning(UserWarning):
     Shown with :func:`warnings.warn` so it lands in pytest's warnings summary without failing
     the test; ``-W error::pytest_gpuready.errors.GpuReadyWarning`` turns these into failures.
     """
+
+
+class _Excerpt(reprlib.Repr):
+    """reprlib's bounded repr, with mappings in their own order (reprlib sorts the keys)."""
+
+    def repr_dict(self, x: dict[Any, Any], level: int) -> str:
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        items = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}"
+                 for k, v in list(x.items())[:self.maxdict]]
+        return "{" + ", ".join(items) + (", ..." if len(x) > self.maxdict else "") + "}"
+
+
+_EXCERPT = _Excerpt()
+_EXCERPT.maxlevel, _EXCERPT.maxlist, _EXCERPT.maxdict = 3, 6, 6
+_EXCERPT.maxstring, _EXCERPT.maxother, _EXCERPT.maxlong = 80, 80, 40
+_MAX_EXCERPT = 160
+
+
+def excerpt(value: Any) -> str:
+    """A bounded ``repr`` of a bad value for a one-line message: at most 160 characters, three
+    levels and six items deep, so a YAML alias graph is never expanded and a megabyte string
+    never quoted whole."""
+    text = _EXCERPT.repr(value)
+    return text if len(text) <= _MAX_EXCERPT else text[:_MAX_EXCERPT - 3] + "..."

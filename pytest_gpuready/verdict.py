@@ -20,6 +20,8 @@ class Verdict:
     per leftover file, per misaligned layer); ``evidence`` holds the measured values as plain data
     for reports; ``warnings`` are passing-but-thin findings (headroom, topology) that the plugin
     shows without failing; ``rule_set`` names the vLLM rules applied, where they depend on version.
+    ``needs`` is set on a verdict that could not decide: it names the input that would decide it
+    (the GPU's compute capability, say). Such a verdict is never ok, and the plugin skips with it.
     """
 
     ok: bool
@@ -28,6 +30,7 @@ class Verdict:
     evidence: Mapping[str, Any] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     rule_set: str | None = None
+    needs: str | None = None
 
     def __bool__(self) -> bool:
         return self.ok
@@ -36,6 +39,8 @@ class Verdict:
     def message(self) -> str:
         """Summary and details as the multi-line text shown in a test failure."""
         lines = [self.summary, *(f"  {line}" for line in self.details)]
+        if self.needs:
+            lines.append(f"  needs: {self.needs}")
         if self.rule_set:
             lines.append(f"  (rules: {self.rule_set})")
         return "\n".join(lines)
@@ -47,3 +52,8 @@ class Verdict:
     @classmethod
     def failed(cls, summary: str, **kwargs: Any) -> Verdict:
         return cls(False, summary, **kwargs)
+
+    @classmethod
+    def undecided(cls, summary: str, needs: str, **kwargs: Any) -> Verdict:
+        """A check that cannot decide without ``needs``: not a pass, and says what to give it."""
+        return cls(False, summary, needs=needs, **kwargs)

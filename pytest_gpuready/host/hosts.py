@@ -190,6 +190,10 @@ _SSH_FAILURES: tuple[tuple[str, str], ...] = (
     ("kex_exchange_identification",
      "connection closed before the ssh handshake (a ProxyJump/ProxyCommand hop failed, or sshd dropped it:"
      " MaxStartups, AllowUsers, a firewall)"),
+    # the same failure when ssh's own banner write loses the race with the hop's exit
+    ("banner exchange",
+     "connection closed before the ssh handshake (a ProxyJump/ProxyCommand hop failed, or sshd dropped it:"
+     " MaxStartups, AllowUsers, a firewall)"),
     ("connection closed by", "connection closed by the remote side"),
     ("connection reset", "connection reset by the remote side"),
 )

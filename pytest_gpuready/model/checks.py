@@ -17,6 +17,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from pytest_gpuready.host.snapshot import GpuInfo, HostSnapshot
@@ -28,6 +29,7 @@ from pytest_gpuready.model.backends import (
     parse_gpu_arch,
     select_mla_backend,
 )
+from pytest_gpuready.model.linear_attention import attention_layers, gated_deltanet
 from pytest_gpuready.model.spec import ModelSpec, derived_weights_for
 from pytest_gpuready.model.vllm_version import (
     FP8_MOE_REFINEMENT,
@@ -67,33 +69,58 @@ def _layers_text(layers: Sequence[int]) -> str:
 
 # ---------------------------------------------------------------- TP divisibility
 
-def check_tp_divisibility(model: ModelSpec, tp: int, *, ep: bool = False) -> Verdict:
-    """Attention heads, KV heads (replicated when TP > KV heads), vocab, MLP and expert widths.
+TP_GREATER_THAN_EXPERTS_MODEL_TYPES = frozenset({
+    "cohere2_moe", "ernie4_5_moe", "ernie4_5_vl_moe", "exaone_moe", "minimax_m2", "mimo_v2_flash",
+    "qwen2_moe", "qwen3_moe", "qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_vl_moe",
+    "qwen3_vl_moe_text", "step3_text", "step3p5",
+})
+"""Model families whose MoE block raises ``Tensor parallel size {tp} is greater than the number of
+experts {n}.`` (``if self.tp_size > config.num_experts`` in ``vllm/model_executor/models/qwen3_moe.py``,
+``qwen2_moe.py``, ``qwen3_next.py``, ``minimax_m2.py``, ... 0.13-0.33); others (DeepSeek, GLM,
+Mixtral) spread the experts without asserting it."""
 
-    Sources: ``ModelConfig.verify_with_parallel_config`` (heads), ``QKVParallelLinear`` (KV
-    heads), ``VocabParallelEmbedding`` (vocab padded to 64), ``divide()`` in the column/row
-    parallel layers, the MoE block's "Tensor parallel size ... is greater than the number of
-    experts" (vllm-invariants.md §1.4).
+
+def check_tp_divisibility(model: ModelSpec, tp: int, *, ep: bool = False) -> Verdict:
+    """Attention heads, vocab, KV heads (replicated when TP > KV heads), linear-attention heads, MLP
+    and expert widths, in the order vLLM meets them; the first failure is the one vLLM raises.
+
+    vLLM checks the attention heads while it builds the config
+    (``ModelConfig.verify_with_parallel_config``), then builds the model: the embedding first
+    (``VocabParallelEmbedding``: vocab padded to 64, then ``divide(padded, tp)``, so
+    ``151936 is not divisible by 5`` comes before any head check of the layers), then layer by
+    layer: attention (``QKVParallelLinear``: KV heads), or Gated DeltaNet (``divide`` of its
+    widths and value heads), then the MLP (``divide()`` in the column/row parallel layers) and the
+    MoE block's ``Tensor parallel size ... is greater than the number of experts`` where the model
+    asserts it (vllm-invariants.md §1.4). Shared experts stay TP-split with EP.
     """
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
-    errors: list[str] = []
+    found: list[tuple[tuple[int, int, int], str]] = []
+    """(vLLM stage: phase, layer, step) and the message of every failed rule."""
     details: list[str] = []
     warnings: list[str] = []
     heads = model.num_attention_heads
     if heads % tp:
-        errors.append(f"Total number of attention heads ({heads}) must be divisible by tensor "
-                      f"parallel size ({tp}).")
+        found.append(((0, 0, 0), f"Total number of attention heads ({heads}) must be divisible by tensor "
+                                 f"parallel size ({tp})."))
     else:
         details.append(f"attention heads: {heads} / TP {tp} = {heads // tp} per GPU")
+    padded = math.ceil(model.vocab_size / VOCAB_PADDING) * VOCAB_PADDING
+    if padded % tp:
+        found.append(((1, -1, 0), f"{padded} is not divisible by {tp}: vocab_size {model.vocab_size} "
+                                  f"(padded to a multiple of {VOCAB_PADDING}) cannot be split over TP={tp}"))
+    else:
+        details.append(f"vocab: {model.vocab_size} padded to {padded} / TP {tp} = {padded // tp}")
+    attention = attention_layers(model)
+    first_attention = attention[0] if len(attention) else 0
     kv = model.num_kv_heads
     if model.is_mla:
         details.append("KV heads: MLA stores one latent KV head, replicated on every GPU")
     elif tp > kv:
         if tp % kv:
-            errors.append(f"{tp} is not divisible by {kv}: TP={tp} is larger than the {kv} KV "
-                          f"heads, so it must be a multiple of them to replicate each one "
-                          "(QKVParallelLinear)")
+            found.append(((1, first_attention, 0), f"{tp} is not divisible by {kv}: TP={tp} is larger than "
+                                                   f"the {kv} KV heads, so it must be a multiple of them to "
+                                                   "replicate each one (QKVParallelLinear)"))
         else:
             details.append(f"KV heads: {kv} over TP {tp}: one KV head per GPU, each replicated "
                            f"on {tp // kv} GPUs")
@@ -101,36 +128,54 @@ def check_tp_divisibility(model: ModelSpec, tp: int, *, ep: bool = False) -> Ver
                             f"replicated on {tp // kv} GPUs, so the KV cache per GPU stops "
                             f"shrinking past TP={kv}")
     elif kv % tp:
-        errors.append(f"{kv} is not divisible by {tp}: the {kv} KV heads cannot be split over "
-                      f"TP={tp} (QKVParallelLinear)")
+        found.append(((1, first_attention, 0), f"{kv} is not divisible by {tp}: the {kv} KV heads cannot be "
+                                               f"split over TP={tp} (QKVParallelLinear)"))
     else:
         details.append(f"KV heads: {kv} / TP {tp} = {kv // tp} per GPU")
-    padded = math.ceil(model.vocab_size / VOCAB_PADDING) * VOCAB_PADDING
-    if padded % tp:
-        errors.append(f"{padded} is not divisible by {tp}: vocab_size {model.vocab_size} "
-                      f"(padded to a multiple of {VOCAB_PADDING}) cannot be split over TP={tp}")
-    else:
-        details.append(f"vocab: {model.vocab_size} padded to {padded} / TP {tp} = {padded // tp}")
-    widths: list[tuple[str, int | None]] = [
-        ("dense MLP intermediate_size", model.intermediate_size if model.dense_layer_count else None),
-        ("shared-expert width", model.shared_expert_intermediate_size or None),
-        ("attention output (o_proj input)", model.attention_output_size),
+    out = model.attention_output_size
+    if out % tp:
+        found.append(((1, first_attention, 0), f"{out} is not divisible by {tp}: attention output (o_proj "
+                                               f"input) {out} cannot be split over TP={tp}"))
+    gdn = gated_deltanet(model)
+    if gdn is not None and gdn.linear_layers:
+        layer = gdn.linear_layers[0]
+        for label, width in (("linear-attention conv1d width", gdn.conv_dim),
+                             ("linear-attention key width", gdn.key_dim),
+                             ("linear-attention value width", gdn.value_dim),
+                             ("linear-attention value heads", gdn.num_v_heads)):
+            if width % tp:
+                found.append(((1, layer, 0), f"{width} is not divisible by {tp}: {label} {width} cannot "
+                                             f"be split over TP={tp}"))
+                break
+        else:
+            details.append(f"linear attention: {gdn.num_v_heads} value heads / TP {tp} = "
+                           f"{gdn.num_v_heads // tp} per GPU")
+    dense_first = 0
+    moe_first = model.dense_layer_count if model.is_moe else 0
+    widths: list[tuple[int, int, str, int | None]] = [
+        (dense_first, 2, "dense MLP intermediate_size",
+         model.intermediate_size if model.dense_layer_count else None),
+        (moe_first, 2, "shared-expert width", model.shared_expert_intermediate_size or None),
     ]
     if model.is_moe and not ep:
-        widths.append((f"expert FFN {model.expert_ffn_key}", model.moe_intermediate_size))
-    for label, width in widths:
-        if width and width % tp:
-            errors.append(f"{width} is not divisible by {tp}: {label} {width} cannot be split over "
-                          f"TP={tp}")
-    if model.is_moe and tp > model.num_experts:
-        errors.append(f"Tensor parallel size {tp} is greater than the number of experts "
-                      f"{model.num_experts}.")
+        widths.append((moe_first, 3, f"expert FFN {model.expert_ffn_key}", model.moe_intermediate_size))
+    for at_layer, step, label, size in widths:
+        if size and size % tp:
+            found.append(((1, at_layer, step), f"{size} is not divisible by {tp}: {label} {size} cannot be "
+                                               f"split over TP={tp}"))
+    if (model.is_moe and tp > model.num_experts
+            and model.text_model_type in TP_GREATER_THAN_EXPERTS_MODEL_TYPES):
+        found.append(((1, moe_first, 2), f"Tensor parallel size {tp} is greater than the number of experts "
+                                         f"{model.num_experts}."))
     if ep and not model.is_moe:
-        errors.append("Number of experts in the model must be greater than 0 when expert "
-                      "parallelism is enabled.")
-    evidence = {"tp": tp, "ep": ep, "attention_heads": heads, "kv_heads": kv,
-                "vocab_padded": padded, "mla": model.is_mla}
-    if errors:
+        found.append(((0, 0, 1), "Number of experts in the model must be greater than 0 when expert "
+                                 "parallelism is enabled."))
+    found.sort(key=lambda item: item[0])
+    evidence: dict[str, Any] = {"tp": tp, "ep": ep, "attention_heads": heads, "kv_heads": kv,
+                                "vocab_padded": padded, "mla": model.is_mla}
+    if found:
+        evidence["vllm_stage"] = list(found[0][0])
+        errors = [message for _, message in found]
         return Verdict.failed(f"{model.name} cannot be split at TP={tp}: {errors[0]}",
                               details=tuple(errors[1:] + details), evidence=evidence,
                               rule_set=TP_RULES)
@@ -152,6 +197,10 @@ class Partition:
     error: str | None = None
     warning: str | None = None
     note: str | None = None
+    needs: str | None = None
+    """Set when the shard's fate depends on an input the check was not given (the GPU's capability)."""
+    first_layer: int = 0
+    """The first layer it applies to: vLLM builds layer by layer, so the lowest one fails first."""
 
     def line(self, block: tuple[int, int]) -> str:
         split = (f"{self.size} / {self.parts} = {self.per_partition} per GPU"
@@ -159,6 +208,8 @@ class Partition:
         text = f"{self.module}, {self.layers}: {split}, block {list(block)}"
         if self.error:
             return f"{text}: {self.error}"
+        if self.needs:
+            return f"{text}: {self.needs}"
         if self.warning:
             return f"{text}: {self.warning}"
         if self.note:
@@ -184,59 +235,95 @@ def _matches(pattern: str, name: str) -> bool:
     return name == pat or name.startswith(pat + ".") or name.endswith("." + pat)
 
 
-def quantized_layers(model: ModelSpec, module: str, layers: range) -> list[int]:
+FUSED_SHARDS: dict[str, tuple[tuple[str, ...], ...]] = {
+    "self_attn.qkv_proj": (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),),
+    "mlp.gate_up_proj": (("mlp.gate_proj", "mlp.up_proj"),),
+    "mlp.shared_experts.gate_up_proj": (("mlp.shared_experts.gate_proj", "mlp.shared_experts.up_proj"),
+                                        ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj")),
+    "mlp.shared_experts.down_proj": (("mlp.shared_expert.down_proj",),),
+    "linear_attn.in_proj_qkvz": (("linear_attn.in_proj_qkv", "linear_attn.in_proj_z"),),
+    "linear_attn.in_proj_ba": (("linear_attn.in_proj_b", "linear_attn.in_proj_a"),),
+}
+"""vLLM's fused layers and the checkpoint tensors they are loaded from (the models'
+``packed_modules_mapping``): a fused layer is left unquantized when all its shards are
+(``is_layer_skipped`` in ``vllm/model_executor/layers/quantization/utils/quant_utils.py``)."""
+
+
+def quantized_layers(model: ModelSpec, module: str, layers: Sequence[int]) -> list[int]:
     """Layers in which ``model.layers.N.<module>`` is FP8-quantized (not in the excluded modules)."""
     patterns = model.quantization.excluded_modules if model.quantization else ()
     if not patterns:
         return list(layers)
-    return [i for i in layers
-            if not any(_matches(p, f"model.layers.{i}.{module}") for p in patterns)]
+
+    def excluded(name: str) -> bool:
+        return any(_matches(p, name) for p in patterns)
+
+    def skipped(i: int) -> bool:
+        if excluded(f"model.layers.{i}.{module}"):
+            return True
+        return any(all(excluded(f"model.layers.{i}.{shard}") for shard in shards)
+                   for shards in FUSED_SHARDS.get(module, ()))
+
+    return [i for i in layers if not skipped(i)]
 
 
 def _row(module: str, layers: list[int], size: int, tp: int, block_k: int) -> Partition:
-    label = _layers_text(layers)
+    label, first = _layers_text(layers), layers[0]
     if tp == 1:
-        return Partition(module, label, size, tp, size, note="not split at TP=1")
+        return Partition(module, label, size, tp, size, note="not split at TP=1", first_layer=first)
     if size % tp:
-        return Partition(module, label, size, tp, None, error=f"{size} is not divisible by {tp}")
+        return Partition(module, label, size, tp, None, error=f"{size} is not divisible by {tp}",
+                         first_layer=first)
     per = size // tp
     if per % block_k:
         return Partition(module, label, size, tp, per,
                          error=f"Weight input_size_per_partition = {per} is not divisible by "
-                               f"weight quantization block_k = {block_k}.")
-    return Partition(module, label, size, tp, per)
+                               f"weight quantization block_k = {block_k}.", first_layer=first)
+    return Partition(module, label, size, tp, per, first_layer=first)
 
 
 def _column(module: str, layers: list[int], sizes: Sequence[int], tp: int, block_n: int,
             merged_allowed: bool) -> Partition:
-    label = _layers_text(layers)
+    label, first = _layers_text(layers), layers[0]
     size = sum(sizes)
     if tp == 1:
-        return Partition(module, label, size, tp, size, note="not split at TP=1")
+        return Partition(module, label, size, tp, size, note="not split at TP=1", first_layer=first)
     if any(s % tp for s in sizes):
-        return Partition(module, label, size, tp, None, error=f"{size} is not divisible by {tp}")
+        return Partition(module, label, size, tp, None, error=f"{size} is not divisible by {tp}",
+                         first_layer=first)
     per_sizes = [s // tp for s in sizes]
     bad = [p for p in per_sizes if p % block_n]
     if bad and len(sizes) > 1 and merged_allowed:
         return Partition(module, label, size, tp, sum(per_sizes),
-                         note="merged layer, allowed to mismatch the block (vLLM >= 0.15)")
+                         note="merged layer, allowed to mismatch the block (vLLM >= 0.15)", first_layer=first)
     if bad:
         return Partition(module, label, size, tp, bad[0] if len(sizes) > 1 else per_sizes[0],
                          error=f"Weight output_partition_size = {bad[0]} is not divisible by "
-                               f"weight quantization block_n = {block_n}.")
-    return Partition(module, label, size, tp, sum(per_sizes))
+                               f"weight quantization block_n = {block_n}.", first_layer=first)
+    return Partition(module, label, size, tp, sum(per_sizes), first_layer=first)
+
+
+REGRID_KERNEL_NOTE = ("Only the Triton MoE kernel takes a re-gridded block, and it needs native FP8 "
+                      "(SM89+); below SM89 vLLM runs FP8 MoE on Marlin, which takes only 128x128 blocks")
+"""Why a re-gridded block needs the GPU's capability (``refine_fp8_moe_block_shape`` docstring and
+``TritonExperts._supports_quant_scheme`` / ``MarlinExperts._supports_quant_scheme``,
+``vllm/model_executor/layers/fused_moe/``, 0.29-0.33)."""
+NO_FP8_MOE_BACKEND = "No FP8 MoE backend supports the deployment configuration."
+"""``select_fp8_moe_backend`` (``vllm/model_executor/layers/fused_moe/oracle/fp8.py``, 0.15-0.33)."""
 
 
 def _experts(model: ModelSpec, layers: list[int], tp: int, ep: bool, block: tuple[int, int],
-             version: VllmVersion | None) -> Partition:
+             version: VllmVersion | None, capability: tuple[int, int] | None = None,
+             dp: int = 1) -> Partition:
     block_n, block_k = block
     size = model.moe_intermediate_size or 0
-    moe_tp = 1 if ep else tp
+    moe_tp = 1 if ep else tp * dp
     label = _layers_text(layers)
+    part = partial(Partition, first_layer=layers[0])
     module = f"mlp.experts (routed experts, {model.expert_ffn_key}={size}"
-    module += f", whole on each of {tp} EP ranks)" if ep else ")"
+    module += f", whole on each of {tp * dp} EP ranks)" if ep else ")"
     if size % moe_tp:
-        return Partition(module, label, size, moe_tp, None,
+        return part(module, label, size, moe_tp, None,
                          error=f"{size} is not divisible by the MoE TP size {moe_tp}")
     ispp = size // moe_tp
     error = None
@@ -247,24 +334,34 @@ def _experts(model: ModelSpec, layers: list[int], tp: int, ep: bool, block: tupl
         error = (f"The input_size of down's weight = {ispp} is not divisible by weight "
                  f"quantization block_k = {block_k}.")
     if error is None:
-        return Partition(module, label, size, moe_tp, ispp)
+        return part(module, label, size, moe_tp, ispp)
     native_fp8 = model.quantization is not None and model.quantization.method == "fp8"
     if native_fp8 and FP8_MOE_REFINEMENT.is_new(version):
         refine = math.gcd(block_n, block_k, ispp, model.hidden_size)
         if refine >= REFINE_MIN_BLOCK:
-            return Partition(
-                module, label, size, moe_tp, ispp,
-                warning=(f"FP8 MoE block scales refined from {list(block)} to [{refine}, {refine}] "
-                         f"to fit the TP-sharded intermediate size {ispp}. (vLLM >= 0.29 re-grids "
-                         "the scales at load; only Triton MoE kernels take a refined block)"))
+            regrid = (f"FP8 MoE block scales refined from {list(block)} to [{refine}, {refine}] "
+                      f"to fit the TP-sharded intermediate size {ispp}.")
+            if capability is None:
+                return part(module, label, size, moe_tp, ispp, needs=f"{regrid} {REGRID_KERNEL_NOTE}.")
+            if capability < MIN_FP8_CAPABILITY:
+                return part(module, label, size, moe_tp, ispp, error=(
+                    f"{NO_FP8_MOE_BACKEND} ({regrid} {REGRID_KERNEL_NOTE}; this GPU is "
+                    f"{format_arch(capability)})"))
+            return part(module, label, size, moe_tp, ispp, warning=(
+                f"{regrid} (vLLM >= 0.29 re-grids the scales at load; {format_arch(capability)} "
+                "runs them on the Triton MoE kernel)"))
         error += (f" (the vLLM >= 0.29 re-gridding needs gcd({block_n}, {block_k}, {ispp}, "
                   f"{model.hidden_size}) = {refine} >= {REFINE_MIN_BLOCK})")
-    return Partition(module, label, size, moe_tp, ispp, error=error)
+    return part(module, label, size, moe_tp, ispp, error=error)
 
 
 def fp8_partitions(model: ModelSpec, tp: int, ep: bool = False,
-                   vllm_version: VllmVersion | str | None = None) -> list[Partition]:
-    """Every TP-split weight of an FP8 block-quantized model, with its alignment finding."""
+                   vllm_version: VllmVersion | str | None = None, *,
+                   compute_capability: tuple[int, int] | None = None, dp: int = 1) -> list[Partition]:
+    """Every TP-split weight of an FP8 block-quantized model, with its alignment finding.
+
+    In vLLM's construction order: attention (or Gated DeltaNet linear attention), then the MLP.
+    """
     quant = model.quantization
     if quant is None or quant.weight_block_size is None:
         return []
@@ -272,17 +369,18 @@ def fp8_partitions(model: ModelSpec, tp: int, ep: bool = False,
     block = quant.weight_block_size
     block_n, block_k = block
     merged_allowed = MERGED_MISMATCH_ALLOWED.is_new(version)
-    all_layers = range(model.num_layers)
+    all_layers = attention_layers(model)
+    gdn = gated_deltanet(model)
     dense_layers = range(model.dense_layer_count)
     moe_layers = range(model.dense_layer_count, model.num_layers) if model.is_moe else range(0)
     parts: list[Partition] = []
 
-    def add_row(module: str, layers: range, size: int) -> None:
+    def add_row(module: str, layers: Sequence[int], size: int) -> None:
         quantized = quantized_layers(model, module, layers)
         if quantized:
             parts.append(_row(module, quantized, size, tp, block_k))
 
-    def add_column(module: str, layers: range, sizes: Sequence[int]) -> None:
+    def add_column(module: str, layers: Sequence[int], sizes: Sequence[int]) -> None:
         quantized = quantized_layers(model, module, layers)
         if quantized:
             parts.append(_column(module, quantized, sizes, tp, block_n, merged_allowed))
@@ -298,6 +396,11 @@ def fp8_partitions(model: ModelSpec, tp: int, ep: bool = False,
         kv_split = max(model.num_kv_heads, tp) * model.head_dim if tp > model.num_kv_heads else kv_width
         add_column("self_attn.qkv_proj", all_layers, [heads * model.head_dim, kv_split, kv_split])
     add_row("self_attn.o_proj", all_layers, model.attention_output_size)
+    if gdn is not None:
+        minor = (version.major, version.minor) if version is not None else None
+        add_column("linear_attn.in_proj_qkvz", gdn.linear_layers, gdn.qkvz_outputs())
+        add_column("linear_attn.in_proj_ba", gdn.linear_layers, gdn.ba_outputs(minor))
+        add_row("linear_attn.out_proj", gdn.linear_layers, gdn.value_dim)
     if model.intermediate_size and dense_layers:
         add_column("mlp.gate_up_proj", dense_layers, [model.intermediate_size] * 2)
         add_row("mlp.down_proj", dense_layers, model.intermediate_size)
@@ -308,54 +411,72 @@ def fp8_partitions(model: ModelSpec, tp: int, ep: bool = False,
     if model.is_moe:
         quantized = quantized_layers(model, "mlp.experts", moe_layers)
         if quantized:
-            parts.append(_experts(model, quantized, tp, ep, block, version))
+            parts.append(_experts(model, quantized, tp, ep, block, version, compute_capability, dp))
     return parts
 
 
-def _fp8_loads(model: ModelSpec, tp: int, ep: bool, version: VllmVersion | None) -> bool:
+def _fp8_loads(model: ModelSpec, tp: int, ep: bool, version: VllmVersion | None,
+               capability: tuple[int, int] | None, dp: int = 1) -> bool:
     if not check_tp_divisibility(model, tp, ep=ep).ok:
         return False
-    return not any(p.error for p in fp8_partitions(model, tp, ep, version))
+    parts = fp8_partitions(model, tp, ep, version, compute_capability=capability, dp=dp)
+    return not any(p.error or p.needs for p in parts)
 
 
-def _alternatives(model: ModelSpec, tp: int, ep: bool, version: VllmVersion | None) -> list[str]:
+def _alternatives(model: ModelSpec, tp: int, ep: bool, version: VllmVersion | None,
+                  capability: tuple[int, int] | None, dp: int = 1) -> list[str]:
     options = []
     smaller = [t for t in (tp // 2 ** i for i in range(1, 8)) if t >= 1]
     for candidate in smaller:
-        if _fp8_loads(model, candidate, ep, version):
+        if _fp8_loads(model, candidate, ep, version, capability, dp):
             options.append(f"TP={candidate}" + (" with --enable-expert-parallel" if ep else ""))
             break
-    if not ep and model.is_moe and _fp8_loads(model, tp, True, version):
+    if not ep and model.is_moe and _fp8_loads(model, tp, True, version, capability, dp):
         options.append(f"TP={tp} with --enable-expert-parallel")
-    if version is not None and not FP8_MOE_REFINEMENT.is_new(version) and _fp8_loads(model, tp, ep, None):
-        options.append(f"TP={tp} on vLLM >= 0.29 (re-grids the MoE block scales)")
+    if version is not None and not FP8_MOE_REFINEMENT.is_new(version):
+        if _fp8_loads(model, tp, ep, None, max(capability or MIN_FP8_CAPABILITY, MIN_FP8_CAPABILITY), dp):
+            gpu = "" if capability is None or capability >= MIN_FP8_CAPABILITY else " on an SM89+ GPU"
+            options.append(f"TP={tp} on vLLM >= 0.29{gpu} (re-grids the MoE block scales)")
+    elif capability is not None and capability < MIN_FP8_CAPABILITY \
+            and _fp8_loads(model, tp, ep, version, MIN_FP8_CAPABILITY, dp):
+        options.append(f"TP={tp} on an SM89+ GPU (Triton MoE takes the re-gridded blocks)")
     return options
 
 
 def check_fp8_block_alignment(model: ModelSpec, tp: int, ep: bool = False,
-                              vllm_version: VllmVersion | str | None = None) -> Verdict:
+                              vllm_version: VllmVersion | str | None = None, *,
+                              compute_capability: tuple[int, int] | str | None = None,
+                              dp: int = 1) -> Verdict:
     """Does every TP shard of an FP8 block-quantized checkpoint hold whole ``[block_n, block_k]`` blocks?
 
-    Row-parallel inputs (``o_proj``, dense and shared-expert ``down_proj``) need
-    ``(size / tp) % block_k == 0``; single column-parallel outputs (MLA ``q_b_proj``,
-    ``kv_b_proj``) ``% block_n``; merged QKV / gate_up may mismatch (vLLM >= 0.15). Routed
-    experts are split by the MoE TP size (1 with ``--enable-expert-parallel``) and must be
-    multiples of both; vLLM >= 0.29 re-grids native-fp8 MoE scales when
-    ``gcd(block_n, block_k, shard, hidden) >= 32``. Sources: ``validate_fp8_block_shape``,
-    ``Fp8MoEMethod.create_weights``, ``refine_fp8_moe_block_shape`` (vllm-invariants.md §1).
+    Row-parallel inputs (``o_proj``, dense and shared-expert ``down_proj``, linear-attention
+    ``out_proj``) need ``(size / tp) % block_k == 0``; single column-parallel outputs (MLA
+    ``q_b_proj``, ``kv_b_proj``, Qwen3-Next's fused ``in_proj_qkvz`` / ``in_proj_ba``) ``% block_n``;
+    merged QKV / gate_up may mismatch (vLLM >= 0.15). Shared experts stay TP-split with expert
+    parallelism. Routed experts are split by the MoE TP size (TP x DP, or 1 with
+    ``--enable-expert-parallel``) and must be multiples of both; vLLM >= 0.29 re-grids
+    native-fp8 MoE scales when ``gcd(block_n, block_k, shard, hidden) >= 32``, and those load only
+    with the Triton MoE kernel, on native FP8 (SM89+): without ``compute_capability`` such a
+    layout is undecided (``needs`` says so), on SM < 8.9 it fails with vLLM's ``No FP8 MoE
+    backend supports the deployment configuration.``. Sources: ``validate_fp8_block_shape``,
+    ``Fp8MoEMethod``, ``refine_fp8_moe_block_shape``, ``select_fp8_moe_backend``
+    (vllm-invariants.md §1, docs/checks/fp8_block_alignment.md).
     """
     version = _version(vllm_version)
+    capability = None if compute_capability is None else _capability(compute_capability)
     rule_set = FP8_MOE_REFINEMENT.select(version)
     quant = model.quantization
     ep_text = " with --enable-expert-parallel" if ep else ""
+    layout_text = f"TP={tp}{ep_text}" + (f" and DP={dp}" if dp > 1 else "")
     if quant is None or quant.weight_block_size is None:
         what = quant.describe() if quant else "not quantized"
         return Verdict.passed(
             f"FP8 block alignment does not apply: {model.name} is {what}, not FP8 block-quantized",
             evidence={"applies": False, "quantization": what}, rule_set=rule_set)
     block = quant.weight_block_size
-    evidence: dict[str, Any] = {"applies": True, "tp": tp, "ep": ep, "block": list(block),
-                                "quantization": quant.describe()}
+    evidence: dict[str, Any] = {"applies": True, "tp": tp, "ep": ep, "dp": dp, "block": list(block),
+                                "quantization": quant.describe(),
+                                "gpu_arch": format_arch(capability) if capability else None}
     if ep and not model.is_moe:
         return Verdict.failed(
             f"{model.name} does not load with --enable-expert-parallel: Number of experts in the "
@@ -366,31 +487,40 @@ def check_fp8_block_alignment(model: ModelSpec, tp: int, ep: bool = False,
             f"{model.name} does not load: The block-wise quantization only supports dynamic "
             f"activation scheme for now, but got {quant.activation_scheme} activation scheme.",
             evidence=evidence, rule_set=rule_set)
-    partitions = fp8_partitions(model, tp, ep, version)
+    partitions = fp8_partitions(model, tp, ep, version, compute_capability=capability, dp=dp)
     if not MERGED_MISMATCH_ALLOWED.is_new(version):
         rule_set += "; merged layers checked too (no block-mismatch allowance before vLLM 0.15)"
     evidence["partitions"] = [
         {"module": p.module, "layers": p.layers, "size": p.size, "parts": p.parts,
-         "per_partition": p.per_partition, "error": p.error, "warning": p.warning, "note": p.note}
+         "per_partition": p.per_partition, "error": p.error, "warning": p.warning, "note": p.note,
+         "needs": p.needs, "first_layer": p.first_layer}
         for p in partitions]
-    failing = [p for p in partitions if p.error]
+    failing = sorted((p for p in partitions if p.error), key=lambda p: p.first_layer)
     lines = tuple(p.line(block) for p in partitions)
     if failing:
         first = failing[0]
         details = [f"layer: {p.line(block)}" for p in failing]
-        options = _alternatives(model, tp, ep, version)
+        options = _alternatives(model, tp, ep, version, capability, dp)
         if options:
             details.append("what would work: loads at " + ", or ".join(options))
         else:
             details.append("what would work: no TP size up to this one loads this checkpoint "
                            "on these rules")
         evidence["alternatives"] = options
+        evidence["first_layer"] = first.first_layer
         return Verdict.failed(
-            f"{model.name} does not load at TP={tp}{ep_text}: {first.error}",
+            f"{model.name} does not load at {layout_text}: {first.error}",
             details=tuple(details), evidence=evidence, rule_set=rule_set)
-    warnings = tuple(f"{model.name} at TP={tp}{ep_text}: {p.warning}" for p in partitions if p.warning)
+    pending = [p for p in partitions if p.needs]
+    if pending:
+        return Verdict.undecided(
+            f"{model.name} at {layout_text}: loads only on SM89+ GPUs: {pending[0].needs}",
+            needs="the GPU's compute capability (pass --gpu-arch SM, or --gpu-host HOST)",
+            details=lines, evidence=evidence, rule_set=rule_set)
+    warnings = tuple(f"{model.name} at {layout_text}: {p.warning}" for p in partitions if p.warning)
+    on = f" on {format_arch(capability)}" if capability else ""
     return Verdict.passed(
-        f"{model.name} FP8 blocks {list(block)} align at TP={tp}{ep_text}",
+        f"{model.name} FP8 blocks {list(block)} align at {layout_text}{on}",
         details=lines, evidence=evidence, warnings=warnings, rule_set=rule_set)
 
 

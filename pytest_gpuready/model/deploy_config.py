@@ -27,16 +27,18 @@ Example::
 from __future__ import annotations
 
 import difflib
+import errno
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from pytest_gpuready.errors import ConfigError
+from pytest_gpuready.errors import ConfigError, excerpt
+from pytest_gpuready.files import MIB, gc_paused, read_text_bounded
 from pytest_gpuready.model.backends import KV_CACHE_DTYPES, parse_gpu_arch
 from pytest_gpuready.model.vllm_version import VllmVersion, parse_vllm_version
 
@@ -163,39 +165,121 @@ class DeployConfig:
 
 # ---------------------------------------------------------------- loading
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML keeps the last one silently)."""
+MAX_DEPLOY_FILE_BYTES = 64 * MIB
+"""A deploy file is a few KiB; 64 MiB leaves room for generated fleets and stops ``/dev/zero``."""
+MAX_NESTING = 100
+"""Deepest nesting of mappings and sequences accepted. A deploy file needs 6; libyaml's C composer
+recurses in C and crashes the interpreter (SIGSEGV) at about 25,000 levels, so depth is counted on
+the parser's event stream before anything is composed."""
+MAX_ALIAS_EXPANSION = 1_000_000
+"""Nodes that aliases may add if each were copied out (a billion-laughs file adds 9**9)."""
+
+try:
+    from yaml import CSafeLoader as _SafeLoader
+except ImportError:  # PyYAML built without libyaml: the pure-Python loader, ~4x slower
+    from yaml import SafeLoader as _SafeLoader  # type: ignore[assignment]
+
+
+class _UniqueKeyLoader(_SafeLoader):
+    """The safe loader (libyaml's C parser where PyYAML has it) that refuses duplicate keys
+    (PyYAML keeps the last one silently) and keys that cannot be dict keys (a list, a mapping)."""
+
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:  # ``<<: *defaults``: merged keys may be overridden
+            continue
         key = loader.construct_object(key_node)
-        if key in seen:
-            mark = key_node.start_mark
+        mark = key_node.start_mark
+        try:
+            duplicate = key in seen
+        except TypeError:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (line {mark.line + 1})", mark)
+                None, None, f"a {type(key).__name__} used as a mapping key (line {mark.line + 1}); "
+                "keys must be plain values such as strings", mark) from None
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {excerpt(key)} (line {mark.line + 1})", mark)
         seen.add(key)
     return loader.construct_mapping(node)
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
+def _check_structure(text: str, file: str) -> None:
+    """Refuse nesting deeper than :data:`MAX_NESTING` and aliases that expand past
+    :data:`MAX_ALIAS_EXPANSION` nodes, reading libyaml's events (flat, never recursive) before
+    the composer, which recurses, sees the document."""
+    starts = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+    ends = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
+    track = "&" in text  # no anchor, no alias: skip the subtree sizes
+    depth = 0
+    sizes: list[int] = [0]
+    anchor_stack: list[str | None] = []
+    anchors: dict[str, int] = {}
+    expansion = 0
+    events: Iterable[Any] = yaml.parse(text, Loader=_UniqueKeyLoader)  # NodeEvents: anchor, start_mark
+    for event in events:
+        kind = event.__class__
+        if kind in starts:
+            depth += 1
+            if depth > MAX_NESTING:
+                raise ConfigError(f"{file}: nested more than {MAX_NESTING} levels deep{_at(event.start_mark)}; "
+                                  "a deploy file needs about 6")
+            if track:
+                sizes.append(1)
+                anchor_stack.append(event.anchor)
+        elif kind in ends:
+            depth -= 1
+            if track:
+                size = sizes.pop()
+                anchor = anchor_stack.pop()
+                if anchor is not None:
+                    anchors[anchor] = size
+                sizes[-1] += size
+        elif track and kind is yaml.ScalarEvent:
+            sizes[-1] += 1
+            if event.anchor is not None:
+                anchors[event.anchor] = 1
+        elif kind is yaml.AliasEvent:
+            added = anchors.get(event.anchor, 1)
+            sizes[-1] += added
+            expansion += added
+            if expansion > MAX_ALIAS_EXPANSION:
+                raise ConfigError(f"{file}: aliases would expand to more than {MAX_ALIAS_EXPANSION:,} "
+                                  f"nodes{_at(event.start_mark)} (alias *{excerpt(event.anchor)[1:-1]}); "
+                                  "refusing a billion-laughs file")
 
-def _read_yaml(path: Path) -> Any:
+
+def _at(mark: Any) -> str:
+    """`` at line L, column C`` for a YAML mark, or nothing when there is none."""
+    return f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
+def _yaml_error(file: str, exc: yaml.YAMLError) -> ConfigError:
+    where = _at(getattr(exc, "problem_mark", None))
+    problem = getattr(exc, "problem", None) or (str(exc).splitlines() or ["unknown error"])[0]
+    return ConfigError(f"{file}: not valid YAML{where}: {' '.join(str(problem).split())[:200]}")
+
+
+def _read_yaml(path: Path, file: str) -> Any:
+    text = read_text_bounded(path, MAX_DEPLOY_FILE_BYTES, "deploy file", where=file)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: deploy file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot be read: {exc}") from None
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)
+        _check_structure(text, file)
+        with gc_paused():
+            return yaml.load(text, Loader=_UniqueKeyLoader)
+    except ConfigError:
+        raise
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+        raise _yaml_error(file, exc) from None
+    except RecursionError:  # the pure-Python composer, when libyaml is absent
+        raise ConfigError(f"{file}: nested too deeply for the YAML loader") from None
+    except (ValueError, TypeError, OverflowError) as exc:  # a scalar's constructor: int digits, dates
+        raise ConfigError(f"{file}: not valid YAML: {' '.join(str(exc).split())[:200]}") from None
 
 
 class _Ctx:
@@ -209,15 +293,18 @@ class _Ctx:
         where = f"{self.file}: deployment {self.deployment!r}: " if self.deployment else f"{self.file}: "
         if missing:
             return ConfigError(f"{where}key '{key}' is missing; expected {expected}")
-        return ConfigError(f"{where}key '{key}': expected {expected}, got {got!r}")
+        return ConfigError(f"{where}key '{key}': expected {expected}, got {excerpt(got)}")
 
     def check_keys(self, section: str, data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
         for key in data:
             if key not in allowed:
-                close = difflib.get_close_matches(str(key), allowed, n=1)
+                text = str(key) if isinstance(key, str) else excerpt(key)
+                close = difflib.get_close_matches(text, allowed, n=1) if len(text) < 100 else []
                 hint = f" (did you mean '{close[0]}'?)" if close else ""
                 where = f"{self.file}: deployment {self.deployment!r}: " if self.deployment else f"{self.file}: "
-                raise ConfigError(f"{where}unknown key '{section}{key}'{hint}; expected one of: "
+                shown = text if len(text) <= 80 else text[:60] + "..."
+                shown = shown if shown.isprintable() else ascii(shown)[1:-1]
+                raise ConfigError(f"{where}unknown key '{section}{shown}'{hint}; expected one of: "
                                   f"{', '.join(allowed)}")
 
     def mapping(self, key: str, value: Any) -> Mapping[str, Any]:
@@ -386,6 +473,19 @@ def _expect(ctx: _Ctx, raw: Mapping[str, Any]) -> Expectations:
     return Expectations(low, high, throughput)
 
 
+def _refuse_symlink_loop(ctx: _Ctx, model: str, model_path: str) -> None:
+    """A ``model:`` that is a symlink loop on this machine can be read nowhere: say so now.
+
+    Only a loop: a path missing here may well exist on the GPU host, where it is read.
+    """
+    try:
+        os.stat(model_path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ctx.error("model", "a model directory, not a symlink loop (too many levels of "
+                            "symbolic links)", model) from None
+
+
 def _deployment(file: str, base_dir: Path, position: int, raw: Any,
                 defaults: Mapping[str, Any]) -> Deployment:
     label = f"#{position}"
@@ -404,8 +504,12 @@ def _deployment(file: str, base_dir: Path, position: int, raw: Any,
     if data.get("model") is None:
         raise ctx.error("model", "the model directory (here, or on the GPU host)", missing=True)
     model = ctx.str("model", data["model"])
+    if "\0" in model:
+        raise ctx.error("model", "a directory path (it holds a NUL byte, which no path can)", model)
     expanded = os.path.expanduser(model)
-    model_path = expanded if os.path.isabs(expanded) else str((base_dir / expanded).resolve())
+    # realpath, not Path.resolve(): on a symlink loop resolve() raises RuntimeError (Python < 3.13)
+    model_path = expanded if os.path.isabs(expanded) else os.path.realpath(base_dir / expanded)
+    _refuse_symlink_loop(ctx, model, model_path)
     gpus = _gpus(ctx, data.get("gpus"))
     if data.get("tp") is None:
         if gpus is None:
@@ -458,7 +562,7 @@ def load_deploy_config(path: str | os.PathLike[str]) -> DeployConfig:
     """Parse and validate a deploy file; raise :class:`ConfigError` with a one-line message."""
     file_path = Path(path)
     file = str(path)
-    data = _read_yaml(file_path)
+    data = _read_yaml(file_path, file)
     ctx = _Ctx(file)
     if not isinstance(data, Mapping):
         raise ctx.error("deployments", "a mapping with a 'deployments' list at the top", data)
@@ -470,7 +574,7 @@ def load_deploy_config(path: str | os.PathLike[str]) -> DeployConfig:
         raise ctx.error("deployments", "a list of deployments", missing=True)
     if not isinstance(items, list) or not items:
         raise ctx.error("deployments", "a non-empty list of deployments", items)
-    base_dir = file_path.resolve().parent
+    base_dir = Path(os.path.realpath(file_path)).parent
     deployments = tuple(_deployment(file, base_dir, i + 1, item, defaults) for i, item in enumerate(items))
     names = [d.name for d in deployments]
     duplicates = sorted({n for n in names if names.count(n) > 1})

@@ -18,11 +18,10 @@ remote side needs nothing but ``python3``; the tests check our reading against s
 from __future__ import annotations
 
 import base64
-import contextlib
-import gc
 import json
 import os
 import shlex
+import stat
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
@@ -30,11 +29,27 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
-from pytest_gpuready.errors import HostError, ProbeError
+from pytest_gpuready.errors import HostError, ProbeError, excerpt
+from pytest_gpuready.files import (
+    MIB,
+    FileRefused,
+    decode_text,
+    describe_kind,
+    gc_paused,
+    open_regular_file,
+    os_error_reason,
+    read_bytes_bounded,
+    read_fd,
+)
 from pytest_gpuready.host.hosts import Host
 
 MAX_HEADER_BYTES = 100_000_000
-"""safetensors refuses larger headers (its ``HeaderTooLarge`` error)."""
+"""safetensors refuses larger headers (its ``HeaderTooLarge`` error). A real 230B checkpoint's
+largest header is 12 MiB."""
+MAX_SIDE_FILE_BYTES = 16 * MIB
+"""config.json and hf_quant_config.json: a few KiB in real checkpoints."""
+MAX_INDEX_BYTES = 128 * MIB
+"""model.safetensors.index.json: 9.4 MiB for a 230B checkpoint with 96,103 tensors."""
 
 INDEX_NAME = "model.safetensors.index.json"
 INDEX_SUFFIX = ".safetensors.index.json"
@@ -162,6 +177,8 @@ class ModelFiles:
     is_directory: bool = True
     side_errors: Mapping[str, str] = field(default_factory=dict)
     """Side files (config.json, ...) that exist but could not be read, with the cause."""
+    directory_error: str | None = None
+    """Why the path is not a readable directory (a symlink loop, a file, not found), if it is not."""
 
     @property
     def has_weights(self) -> bool:
@@ -215,7 +232,7 @@ def parse_shard(raw: RawShard) -> tuple[ShardHeader | None, list[str]]:
 def _parse_shard(raw: RawShard) -> tuple[ShardHeader, list[str]]:
     name = raw.name
     if raw.error is not None:
-        raise _fail(name, f"cannot be read: {raw.error}")
+        raise _fail(name, raw.error)
     if raw.file_size is None:
         raise _fail(name, "missing")
     if raw.header_len is None:
@@ -229,8 +246,11 @@ def _parse_shard(raw: RawShard) -> tuple[ShardHeader, list[str]]:
                           f"({raw.file_size} bytes): truncated download or not a safetensors file")
     try:
         header = json.loads(raw.header or b"")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _fail(name, f"header is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise _fail(name, "header is JSON nested too deeply (more levels than the decoder allows, "
+                          "about 1000); expected an object of tensors") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int of > 4300 digits
+        raise _fail(name, f"header is not valid JSON ({str(exc)[:160]})") from None
     if not isinstance(header, dict):
         raise _fail(name, f"header is a JSON {type(header).__name__}, expected an object")
     metadata = header.pop("__metadata__", None) or {}
@@ -299,18 +319,18 @@ def _tensor_info(entry: object) -> TensorInfo:
     shape = entry.get("shape")
     offsets = entry.get("data_offsets")
     if not isinstance(dtype, str) or dtype not in DTYPE_BITS:
-        raise ValueError(f"unknown dtype {dtype!r}")
+        raise ValueError(f"unknown dtype {excerpt(dtype)}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ValueError(f"shape {shape!r} is not a list of sizes")
+        raise ValueError(f"shape {excerpt(shape)} is not a list of sizes")
     if (not isinstance(offsets, list) or len(offsets) != 2
             or not all(isinstance(o, int) for o in offsets) or not 0 <= offsets[0] <= offsets[1]):
-        raise ValueError(f"data_offsets {offsets!r} is not [begin, end]")
+        raise ValueError(f"data_offsets {excerpt(offsets)} is not [begin, end]")
     info = TensorInfo(dtype, tuple(shape), offsets[0], offsets[1])
     bits = info.numel * DTYPE_BITS[dtype]
     needed = (bits + 7) // 8
     if info.nbytes != needed:
         raise ValueError(f"data_offsets {offsets} hold {info.nbytes} bytes; "
-                         f"shape {list(shape)} of {dtype} needs {needed}")
+                         f"shape {excerpt(list(shape))} of {dtype} needs {needed}")
     return info
 
 
@@ -325,8 +345,10 @@ def shard_names_for(index_weight_map: Mapping[str, str] | None, listed: Iterable
 def _parse_index(name: str, text: str) -> tuple[dict[str, str], int | None, list[str]]:
     try:
         index = json.loads(text)
-    except json.JSONDecodeError as exc:
-        return {}, None, [f"{name}: not valid JSON ({exc})"]
+    except RecursionError:
+        return {}, None, [f"{name}: JSON nested too deeply (more levels than the decoder allows, about 1000)"]
+    except ValueError as exc:  # JSONDecodeError, an int of > 4300 digits
+        return {}, None, [f"{name}: not valid JSON ({str(exc)[:160]})"]
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
@@ -339,19 +361,6 @@ def _parse_index(name: str, text: str) -> tuple[dict[str, str], int | None, list
     return dict(weight_map), total if isinstance(total, int) else None, problems
 
 
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Pause the cyclic garbage collector while building ~100k small dicts from JSON: the
-    collections it would trigger double the parse time and free nothing (no cycles are made)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def analyse_directory(raw: RawDirectory) -> ModelFiles:
     """Parse every header read and list every completeness problem, each naming its file."""
     with gc_paused():
@@ -359,8 +368,8 @@ def analyse_directory(raw: RawDirectory) -> ModelFiles:
 
 
 def _analyse_directory(raw: RawDirectory) -> ModelFiles:
-    problems: list[str] = [f"{name}: cannot be read: {error}" for name, error in raw.errors.items()
-                           if name not in SIDE_FILES]
+    problems: list[str] = [f"{name}: {error}" for name, error in raw.errors.items()
+                           if name not in SIDE_FILES and (name != "." or raw.is_directory)]
     side_errors = {name: error for name, error in raw.errors.items() if name in SIDE_FILES}
     weight_map: dict[str, str] = {}
     index_total: int | None = None
@@ -382,7 +391,8 @@ def _analyse_directory(raw: RawDirectory) -> ModelFiles:
     if weight_map:
         problems += _index_consistency(raw.index_name or INDEX_NAME, weight_map, shards)
     return ModelFiles(raw.path, dict(raw.side_files), raw.index_name, tuple(names), tuple(shards),
-                      tuple(problems), index_total, raw.is_directory, side_errors)
+                      tuple(problems), index_total, raw.is_directory, side_errors,
+                      None if raw.is_directory else raw.errors.get("."))
 
 
 def _index_consistency(index_name: str, weight_map: Mapping[str, str],
@@ -402,22 +412,24 @@ def _index_consistency(index_name: str, weight_map: Mapping[str, str],
 # ---------------------------------------------------------------- local reading
 
 def read_raw_shard(path: Path) -> RawShard:
-    """Read the length prefix and header of one file (at most 8 + header bytes)."""
+    """Read the length prefix and header of one file (at most 8 + header bytes); only a regular
+    file is opened, never blocking (a FIFO named like a shard is refused, not waited on)."""
     name = path.name
     try:
-        with path.open("rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            prefix = handle.read(8)
+        with open_regular_file(path, name) as (fd, size):
+            prefix = read_fd(fd, 8)
             if len(prefix) < 8:
                 return RawShard(name, size)
             (header_len,) = struct.unpack("<Q", prefix)
             if header_len > MAX_HEADER_BYTES or 8 + header_len > size:
                 return RawShard(name, size, header_len)
-            return RawShard(name, size, header_len, handle.read(header_len))
-    except FileNotFoundError:
-        return RawShard(name, None)
+            return RawShard(name, size, header_len, read_fd(fd, header_len))
+    except FileRefused as exc:
+        if not os.path.lexists(path):
+            return RawShard(name, None)
+        return RawShard(name, None, error=exc.reason)
     except OSError as exc:
-        return RawShard(name, None, error=exc.strerror or str(exc))
+        return RawShard(name, None, error=os_error_reason(exc))
 
 
 def _find_index(listing: Iterable[str]) -> str | None:
@@ -430,28 +442,34 @@ def _find_index(listing: Iterable[str]) -> str | None:
 def read_raw_directory(path: str | os.PathLike[str]) -> RawDirectory:
     """Read a local model directory's side files, index and every shard header."""
     directory = Path(path)
-    if not directory.is_dir():
-        return RawDirectory(str(directory), False)
+    try:
+        mode = os.stat(directory).st_mode
+    except OSError as exc:
+        return RawDirectory(str(directory), False, errors={".": os_error_reason(exc, "directory")})
+    except ValueError:  # a NUL byte in the path
+        return RawDirectory(str(directory), False, errors={".": "the path contains a NUL byte"})
+    if not stat.S_ISDIR(mode):
+        return RawDirectory(str(directory), False, errors={".": describe_kind(mode)})
     try:
         listing = sorted(entry.name for entry in os.scandir(directory))
     except OSError as exc:
-        return RawDirectory(str(directory), True, errors={".": exc.strerror or str(exc)})
+        return RawDirectory(str(directory), True, errors={".": os_error_reason(exc)})
     errors: dict[str, str] = {}
     side: dict[str, str | None] = {}
     for name in SIDE_FILES:
         side[name] = None
         if name in listing:
             try:
-                side[name] = (directory / name).read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                errors[name] = str(exc)
+                side[name] = _read_text(directory / name, name, MAX_SIDE_FILE_BYTES)
+            except FileRefused as exc:
+                errors[name] = exc.reason
     index_name = _find_index(listing)
     index_text = None
     if index_name is not None:
         try:
-            index_text = (directory / index_name).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            errors[index_name] = str(exc)
+            index_text = _read_text(directory / index_name, index_name, MAX_INDEX_BYTES)
+        except FileRefused as exc:
+            errors[index_name] = exc.reason
     listed = tuple(n for n in listing if n.endswith(".safetensors"))
     parsed = None
     if index_name is not None and index_text is not None:
@@ -463,6 +481,11 @@ def read_raw_directory(path: str | os.PathLike[str]) -> RawDirectory:
     return RawDirectory(str(directory), True, side, index_name, index_text, listed, shards, errors, parsed)
 
 
+def _read_text(path: Path, name: str, limit: int) -> str:
+    """A side file or index: a regular file of at most ``limit`` bytes, UTF-8, without NUL."""
+    return decode_text(read_bytes_bounded(path, limit, name, where=name), name)
+
+
 def inspect_files(path: str | os.PathLike[str]) -> ModelFiles:
     """Read and analyse a local model directory (headers only)."""
     return analyse_directory(read_raw_directory(path))
@@ -471,8 +494,10 @@ def inspect_files(path: str | os.PathLike[str]) -> ModelFiles:
 # ---------------------------------------------------------------- remote reading
 
 _REMOTE_SCRIPT = r'''
-import base64, json, os, struct, sys, zlib
+import base64, errno, json, os, stat, struct, sys, zlib
 MAX_HEADER = MAX_HEADER_BYTES_VALUE
+MAX_SIDE = MAX_SIDE_FILE_BYTES_VALUE
+MAX_INDEX = MAX_INDEX_BYTES_VALUE
 SIDE = SIDE_FILES_VALUE
 path = sys.argv[1]
 def rchar():
@@ -484,22 +509,71 @@ def rchar():
     except OSError:
         return None
 rchar_start = rchar()
-out = {"path": path, "is_directory": os.path.isdir(path), "side": {}, "errors": {},
+out = {"path": path, "is_directory": False, "side": {}, "errors": {},
        "index_name": None, "index_text": None, "listed": [], "shards": []}
-def err(exc):
-    return getattr(exc, "strerror", None) or str(exc)
-def text(name):
+# The same rules, and the same words, as pytest_gpuready.files on the local side.
+KINDS = ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+         (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+class Refused(Exception):
+    pass
+def kind(mode):
+    for test, text in KINDS:
+        if test(mode):
+            return text
+    return "neither a file nor a directory"
+def err(exc, what="file"):
+    code = getattr(exc, "errno", None)
+    if code == errno.ENOENT:
+        return what + " not found"
+    if code == errno.ELOOP:
+        return "a symlink loop (too many levels of symbolic links)"
+    if code == errno.ENAMETOOLONG:
+        return "the path is too long for this system"
+    if code == errno.ENOTDIR:
+        return "a part of the path is not a directory"
+    return "cannot be read: " + (getattr(exc, "strerror", None) or str(exc))
+def size_text(size):
+    return "%.1f MiB" % (size / 1048576.0) if size >= 1048576 else "%d bytes" % size
+def open_regular(name, limit=None):
+    # a FIFO or device is refused before it is opened; the open cannot block either way
+    full = os.path.join(path, name)
+    status = os.stat(full)
+    if not stat.S_ISREG(status.st_mode):
+        raise Refused(kind(status.st_mode) + "; expected a regular file")
+    if limit is not None and status.st_size > limit:
+        raise Refused("%s, over the limit of %s for a %s" % (size_text(status.st_size), size_text(limit), name))
+    fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    opened = os.fstat(fd)
+    if not stat.S_ISREG(opened.st_mode):
+        os.close(fd)
+        raise Refused(kind(opened.st_mode) + "; expected a regular file")
+    return os.fdopen(fd, "rb"), opened.st_size
+def text(name, limit):
     try:
-        with open(os.path.join(path, name), "rb") as handle:
-            return handle.read().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        handle, _ = open_regular(name, limit)
+        with handle:
+            data = handle.read(limit + 1)
+        if len(data) > limit:
+            raise Refused("over the limit of %s for a %s (it grew while read)" % (size_text(limit), name))
+        at = data.find(b"\0")
+        if at >= 0:
+            raise Refused("contains a NUL byte (line %d, byte offset %d); expected text"
+                          % (data.count(b"\n", 0, at) + 1, at))
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise Refused("not UTF-8 text (byte 0x%02x at line %d, byte offset %d)"
+                          % (data[exc.start], data.count(b"\n", 0, exc.start) + 1, exc.start))
+    except Refused as exc:
+        out["errors"][name] = str(exc)
+    except OSError as exc:
         out["errors"][name] = err(exc)
-        return None
+    return None
 def shard(name):
     entry = {"name": name, "size": None, "header_len": None, "header": None, "error": None}
     try:
-        with open(os.path.join(path, name), "rb") as handle:
-            entry["size"] = os.fstat(handle.fileno()).st_size
+        handle, entry["size"] = open_regular(name)
+        with handle:
             prefix = handle.read(8)
             if len(prefix) == 8:
                 (length,) = struct.unpack("<Q", prefix)
@@ -511,11 +585,19 @@ def shard(name):
                     except UnicodeDecodeError:
                         entry["header"] = raw.decode("latin-1")
                         entry["latin1"] = True
-    except FileNotFoundError:
-        pass
+    except Refused as exc:
+        entry["error"] = str(exc)
     except OSError as exc:
-        entry["error"] = err(exc)
+        if exc.errno != errno.ENOENT or os.path.lexists(os.path.join(path, name)):
+            entry["error"] = err(exc)
     return entry
+try:
+    mode = os.stat(path).st_mode
+    out["is_directory"] = stat.S_ISDIR(mode)
+    if not out["is_directory"]:
+        out["errors"]["."] = kind(mode)
+except OSError as exc:
+    out["errors"]["."] = err(exc, "directory")
 if out["is_directory"]:
     try:
         listing = sorted(os.listdir(path))
@@ -523,20 +605,20 @@ if out["is_directory"]:
         listing = []
         out["errors"]["."] = err(exc)
     for name in SIDE:
-        out["side"][name] = text(name) if name in listing else None
+        out["side"][name] = text(name, MAX_SIDE) if name in listing else None
     indexes = sorted(n for n in listing if n.endswith(".safetensors.index.json"))
     if "model.safetensors.index.json" in indexes:
         out["index_name"] = "model.safetensors.index.json"
     elif indexes:
         out["index_name"] = indexes[0]
     if out["index_name"]:
-        out["index_text"] = text(out["index_name"])
+        out["index_text"] = text(out["index_name"], MAX_INDEX)
     out["listed"] = [n for n in listing if n.endswith(".safetensors")]
     names = out["listed"]
     try:
         weight_map = json.loads(out["index_text"] or "null")["weight_map"]
         names = sorted(set(v for v in weight_map.values() if isinstance(v, str)))
-    except Exception:
+    except Exception:  # RecursionError and ValueError included: the local side names the problem
         pass
     out["shards"] = [shard(n) for n in names if "/" not in n and n not in ("", ".", "..")]
 rchar_end = rchar()
@@ -551,6 +633,8 @@ def remote_script() -> str:
     """The python3 source that reads a model directory's headers and prints one encoded line."""
     return (_REMOTE_SCRIPT
             .replace("MAX_HEADER_BYTES_VALUE", str(MAX_HEADER_BYTES))
+            .replace("MAX_SIDE_FILE_BYTES_VALUE", str(MAX_SIDE_FILE_BYTES))
+            .replace("MAX_INDEX_BYTES_VALUE", str(MAX_INDEX_BYTES))
             .replace("SIDE_FILES_VALUE", repr(SIDE_FILES))
             .replace("MARKER", _REMOTE_MARKER))
 

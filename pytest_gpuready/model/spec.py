@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pytest_gpuready.errors import ConfigError
+from pytest_gpuready.errors import ConfigError, excerpt
+from pytest_gpuready.files import loads_json
 from pytest_gpuready.host.hosts import Host
 from pytest_gpuready.model.derived_weights import derive_weights
 from pytest_gpuready.model.safetensors_headers import ModelFiles, inspect_files, inspect_files_remote
@@ -225,7 +226,7 @@ class _Keys:
     def error(self, key: str, value: Any, expected: str) -> ConfigError:
         if value is None:
             return ConfigError(f"{self.file}: key '{key}' is missing; expected {expected}")
-        return ConfigError(f"{self.file}: key '{key}' is {json.dumps(value)}; expected {expected}")
+        return ConfigError(f"{self.file}: key '{key}' is {_json_excerpt(value)}; expected {expected}")
 
     def integer(self, key: str, *, required: bool = False, minimum: int = 0,
             meaning: str = "") -> int | None:
@@ -380,7 +381,7 @@ def _block(value: Any, file: str, key: str) -> tuple[int, int] | None:
         return None
     if (not isinstance(value, list) or len(value) != 2
             or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)):
-        raise ConfigError(f"{file}: key '{key}' is {json.dumps(value)}; expected [block_n, block_k], "
+        raise ConfigError(f"{file}: key '{key}' is {_json_excerpt(value)}; expected [block_n, block_k], "
                           "two whole numbers > 0 (vLLM: the quantization block size of weight must "
                           "have 2 dimensions)")
     return (value[0], value[1])
@@ -390,7 +391,7 @@ def _string_list(value: Any, file: str, key: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ConfigError(f"{file}: key '{key}' is {json.dumps(value)[:80]}; expected a list of module names")
+        raise ConfigError(f"{file}: key '{key}' is {_json_excerpt(value)}; expected a list of module names")
     return tuple(value)
 
 
@@ -428,11 +429,11 @@ def parse_quantization(
             return _parse_legacy_modelopt(hf_quant_config)
         return None
     if not isinstance(qc, Mapping):
-        raise ConfigError(f"{source}: key '{key_prefix}' is {json.dumps(qc)[:60]}; expected an object")
+        raise ConfigError(f"{source}: key '{key_prefix}' is {_json_excerpt(qc)}; expected an object")
     method = qc.get("quant_method")
     if not isinstance(method, str) or not method:
         raise ConfigError(f"{source}: key '{key_prefix}.quant_method' is "
-                          f"{'missing' if method is None else json.dumps(method)}; expected a string "
+                          f"{'missing' if method is None else _json_excerpt(method)}; expected a string "
                           "such as fp8, compressed-tensors or modelopt")
     where = f"{source} {key_prefix}"
     if method == "fp8":
@@ -498,12 +499,13 @@ def _parse_legacy_modelopt(hf_quant: Mapping[str, Any]) -> Quantization:
     inner = hf_quant.get("quantization")
     if not isinstance(inner, Mapping):
         raise ConfigError(f"{file}: key 'quantization' is "
-                          f"{'missing' if inner is None else json.dumps(inner)[:60]}; expected an object "
+                          f"{'missing' if inner is None else _json_excerpt(inner)}; expected an object "
                           "with quant_algo and kv_cache_quant_algo")
     algo = inner.get("quant_algo")
     if not isinstance(algo, str):
         raise ConfigError(f"{file}: key 'quantization.quant_algo' is "
-                          f"{'missing' if algo is None else json.dumps(algo)}; expected a string such as FP8 or NVFP4")
+                          f"{'missing' if algo is None else _json_excerpt(algo)}; "
+                          "expected a string such as FP8 or NVFP4")
     kv_dtype = kv_dtype_from_modelopt(inner.get("kv_cache_quant_algo"))
     method = "modelopt_fp4" if algo.upper() == "NVFP4" else "modelopt"
     return Quantization(
@@ -517,10 +519,16 @@ def _parse_legacy_modelopt(hf_quant: Mapping[str, Any]) -> Quantization:
 # ---------------------------------------------------------------- files
 
 def _load_json(text: str, file: str) -> Any:
+    return loads_json(text, file)
+
+
+def _json_excerpt(value: Any) -> str:
+    """A value as JSON for a one-line message, cut at 120 characters."""
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{file}: not valid JSON (line {exc.lineno} column {exc.colno}: {exc.msg})") from None
+        text = json.dumps(value)
+    except (RecursionError, ValueError, TypeError):
+        return excerpt(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def _unused_prefixes(num_layers: int) -> tuple[str, ...]:
@@ -579,7 +587,7 @@ def derived_weights_for(spec: ModelSpec, index_total: int | None = None,
 def spec_from_files(files: ModelFiles, where: str) -> ModelSpec:
     """Build the spec from a read model directory (``where`` names it in errors)."""
     for name, error in files.side_errors.items():
-        raise ConfigError(f"{where}/{name}: cannot be read: {error}")
+        raise ConfigError(f"{where}/{name}: {error}")
     config_text = files.side_files.get("config.json")
     if config_text is None:
         raise ConfigError(f"{where}/config.json: missing; expected the model's Hugging Face config")
@@ -614,5 +622,6 @@ def inspect_model(path: str | os.PathLike[str], host: Host | None = None) -> Mod
         files = inspect_files_remote(host, text_path)
         where = f"{host.name}:{text_path}"
     if not files.is_directory:
-        raise ConfigError(f"{where}: not a directory; expected a model directory with config.json")
+        cause = files.directory_error or "not a directory"
+        raise ConfigError(f"{where}: {cause}; expected a model directory with config.json")
     return spec_from_files(files, where)

@@ -166,7 +166,8 @@ def plan_layouts(
         gpus = _pick_gpus(snapshot, world, ids)
         verdicts: dict[str, Verdict | None] = {
             "tp": check_tp_divisibility(model, layout.tp, ep=layout.ep),
-            "fp8": check_fp8_block_alignment(model, layout.tp, layout.ep, vllm_version),
+            "fp8": check_fp8_block_alignment(model, layout.tp, layout.ep, vllm_version,
+                                             compute_capability=capability),
             "mla": (check_mla_kv_backend(model, arch, layout.kv_cache_dtype, vllm_version)
                     if model.is_mla and arch else None),
             "memory": check_memory_fit(

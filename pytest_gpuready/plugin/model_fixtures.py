@@ -85,8 +85,9 @@ MARKERS = (
     "read on --gpu-host when it is not on this machine)",
     "deployment(name): the deploy-file deployment this test uses (fixture deployment); its static "
     "checks (TP divisibility, FP8 block alignment, MLA backend) must pass in setup",
-    "fp8_block_alignment(tp, ep=False, vllm_version=None): fail in setup unless the model's FP8 weight "
-    "blocks divide evenly at this tensor-parallel size (routed experts whole with ep=True)",
+    "fp8_block_alignment(tp, ep=False, vllm_version=None, gpu_arch=None): fail in setup unless the "
+    "model's FP8 weight blocks divide evenly at this tensor-parallel size (routed experts whole with "
+    "ep=True); re-gridded MoE blocks (vLLM >= 0.29) also need the GPU's architecture",
     "mla_kv_backend_supported(kv_cache_dtype='auto', gpu_arch=None, vllm_version=None): fail in setup "
     "unless vLLM has an MLA attention backend for the model on this GPU with this KV-cache dtype",
     "memory_fit(tp, gpus=None, gpu_memory_utilization=0.9, max_model_len=None, max_num_seqs=None, "
@@ -100,7 +101,7 @@ _MARKER_SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # name: (positional parameters in order, all parameters)
     "model": (("path",), ("path",)),
     "deployment": (("name",), ("name",)),
-    "fp8_block_alignment": (("tp", "ep"), ("tp", "ep", "vllm_version")),
+    "fp8_block_alignment": (("tp", "ep"), ("tp", "ep", "vllm_version", "gpu_arch")),
     "mla_kv_backend_supported": (("kv_cache_dtype",), ("kv_cache_dtype", "gpu_arch", "vllm_version")),
     "memory_fit": (("tp",), ("tp", "gpus", "gpu_memory_utilization", "max_model_len", "max_num_seqs",
                             "kv_cache_dtype", "reserve_gib", "pipeline_parallel_size", "ep", "dtype",
@@ -268,7 +269,8 @@ def snapshot_with_gpus(request: pytest.FixtureRequest, skip_reason: str) -> Host
 
 def _local_path(raw: str, base: Path) -> str:
     expanded = os.path.expanduser(raw)
-    return expanded if os.path.isabs(expanded) else str((base / expanded).resolve())
+    # realpath, not Path.resolve(): on a symlink loop resolve() raises RuntimeError (Python < 3.13)
+    return expanded if os.path.isabs(expanded) else os.path.realpath(base / expanded)
 
 
 def load_model(config: pytest.Config, path: str, session: HostSession | None = None) -> ModelSpec:
@@ -363,13 +365,38 @@ def run_static_checks(request: pytest.FixtureRequest, model: ModelSpec, deployme
     version = resolve_vllm_version(request, deployment)
     verdicts = [
         expect(check_tp_divisibility(model, deployment.tp, ep=deployment.ep), node, "tp_divisibility"),
-        expect(check_fp8_block_alignment(model, deployment.tp, deployment.ep, version), node,
-               "fp8_block_alignment"),
+        expect(fp8_alignment_verdict(request, model, deployment.tp, deployment.ep, version, deployment),
+               node, "fp8_block_alignment"),
     ]
     arch = resolve_gpu_arch(request, deployment) if model.is_mla else None
     verdicts.append(expect(check_mla_kv_backend(model, arch, deployment.kv_cache_dtype, version), node,
                            "mla_kv_backend"))
     return verdicts
+
+
+def capability_if_known(request: pytest.FixtureRequest, deployment: Deployment | None = None,
+                        override: tuple[int, int] | None = None) -> tuple[int, int] | None:
+    """The GPU architecture when one is given or measurable here; None (instead of a skip) when not."""
+    __tracebackhide__ = True
+    try:
+        return resolve_gpu_arch(request, deployment, override)
+    except pytest.skip.Exception:
+        return None
+
+
+def fp8_alignment_verdict(request: pytest.FixtureRequest, model: ModelSpec, tp: int, ep: bool,
+                          version: VllmVersion | None, deployment: Deployment | None = None,
+                          arch_override: tuple[int, int] | None = None) -> Verdict:
+    """FP8 block alignment, asking for the GPU's architecture only when the verdict depends on it
+    (re-gridded MoE blocks, vLLM >= 0.29); without one it stays undecided, and the test skips."""
+    __tracebackhide__ = True
+    verdict = check_fp8_block_alignment(model, tp, ep, version, compute_capability=arch_override)
+    if verdict.needs is None:
+        return verdict
+    capability = capability_if_known(request, deployment, arch_override)
+    if capability is None:
+        return verdict
+    return check_fp8_block_alignment(model, tp, ep, version, compute_capability=capability)
 
 
 def memory_fit_verdict(request: pytest.FixtureRequest, model: ModelSpec, *, tp: int,
@@ -414,9 +441,10 @@ def _gpuready_model_markers(request: pytest.FixtureRequest) -> None:
     if node.get_closest_marker("deployment") is not None:
         run_static_checks(request, model, request.getfixturevalue("deployment"))
     if fp8 is not None:
-        tp, ep, override = fp8
+        tp, ep, override, arch_override = fp8
         version = resolve_vllm_version(request, None, override)
-        expect(check_fp8_block_alignment(model, tp, ep, version), node, "fp8_block_alignment")
+        expect(fp8_alignment_verdict(request, model, tp, ep, version, arch_override=arch_override), node,
+               "fp8_block_alignment")
     if mla is not None:
         kv, arch_override, version_override = mla
         version = resolve_vllm_version(request, None, version_override)
@@ -431,7 +459,8 @@ def _gpuready_model_markers(request: pytest.FixtureRequest) -> None:
         expect(verdict, node, "memory_fit")
 
 
-def _fp8_marker_args(marker: pytest.Mark | None) -> tuple[int, bool, VllmVersion | None] | None:
+def _fp8_marker_args(
+        marker: pytest.Mark | None) -> tuple[int, bool, VllmVersion | None, tuple[int, int] | None] | None:
     __tracebackhide__ = True
     if marker is None:
         return None
@@ -440,7 +469,19 @@ def _fp8_marker_args(marker: pytest.Mark | None) -> tuple[int, bool, VllmVersion
     ep = kwargs.get("ep", False)
     if not isinstance(ep, bool):
         _bad_marker(marker.name, "ep", ep, "True or False")
-    return tp, bool(ep), _marker_version(marker.name, kwargs.get("vllm_version"))
+    return (tp, bool(ep), _marker_version(marker.name, kwargs.get("vllm_version")),
+            _marker_arch(marker.name, kwargs.get("gpu_arch")))
+
+
+def _marker_arch(marker: str, value: Any) -> tuple[int, int] | None:
+    __tracebackhide__ = True
+    if value is None:
+        return None
+    try:
+        return parse_gpu_arch(str(value))
+    except ValueError:
+        _bad_marker(marker, "gpu_arch", value, "sm90, sm100, sm120 or '12.0'")
+        raise
 
 
 def _mla_marker_args(marker: pytest.Mark | None) -> tuple[str, tuple[int, int] | None, VllmVersion | None] | None:
@@ -449,14 +490,8 @@ def _mla_marker_args(marker: pytest.Mark | None) -> tuple[str, tuple[int, int] |
         return None
     kwargs = marker_kwargs(marker)
     kv = _kv_dtype(marker.name, kwargs.get("kv_cache_dtype", "auto"))
-    arch_arg = kwargs.get("gpu_arch")
-    override = None
-    if arch_arg is not None:
-        try:
-            override = parse_gpu_arch(str(arch_arg))
-        except ValueError:
-            _bad_marker(marker.name, "gpu_arch", arch_arg, "sm90, sm100, sm120 or '12.0'")
-    return kv, override, _marker_version(marker.name, kwargs.get("vllm_version"))
+    return kv, _marker_arch(marker.name, kwargs.get("gpu_arch")), _marker_version(
+        marker.name, kwargs.get("vllm_version"))
 
 
 def _memory_marker_args(marker: pytest.Mark | None) -> dict[str, Any] | None:

@@ -1,6 +1,8 @@
 """Turning Verdicts and probe errors into pytest outcomes, the same way in every fixture and test.
 
 - a failed Verdict fails the test with its message and no traceback (the message is the point);
+- an undecided Verdict (``needs`` set: it lacks an input such as the GPU architecture) skips
+  with its message, which says what to pass;
 - its warnings go to pytest's warnings summary as :class:`GpuReadyWarning`;
 - :class:`NoGpuError` skips with its reason (no GPU here and none was asked for);
 - any other :class:`GpuReadyError` (unreachable host, broken driver, garbled output) fails with
@@ -31,6 +33,8 @@ def expect(verdict: Verdict, node: pytest.Item | None = None, name: str | None =
         node.user_properties.append((f"gpuready.{name}", verdict.summary))
     for text in verdict.warnings:
         warnings.warn(GpuReadyWarning(text), stacklevel=2)
+    if verdict.needs is not None:
+        pytest.skip(verdict.message)
     if not verdict.ok:
         pytest.fail(verdict.message, pytrace=False)
     return verdict

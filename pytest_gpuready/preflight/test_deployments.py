@@ -12,7 +12,6 @@ import pytest
 
 from pytest_gpuready.model.checks import (
     GIB,
-    check_fp8_block_alignment,
     check_mla_kv_backend,
     check_tp_divisibility,
 )
@@ -21,6 +20,7 @@ from pytest_gpuready.model.spec import ModelSpec, derived_weights_for
 from pytest_gpuready.plugin.model_fixtures import (
     NO_DEPLOY_FILE,
     deploy_config_of,
+    fp8_alignment_verdict,
     memory_fit_verdict,
     resolve_gpu_arch,
     resolve_vllm_version,
@@ -49,8 +49,8 @@ def test_fp8_block_alignment(deployment: Deployment, model_spec: ModelSpec,
                              request: pytest.FixtureRequest) -> None:
     """Every TP shard of an FP8 block-quantized checkpoint holds whole weight blocks."""
     version = resolve_vllm_version(request, deployment)
-    expect(check_fp8_block_alignment(model_spec, deployment.tp, deployment.ep, version), request.node,
-           "fp8_block_alignment")
+    expect(fp8_alignment_verdict(request, model_spec, deployment.tp, deployment.ep, version, deployment),
+           request.node, "fp8_block_alignment")
 
 
 def test_mla_kv_backend(deployment: Deployment, model_spec: ModelSpec, request: pytest.FixtureRequest) -> None:

@@ -58,7 +58,7 @@ def test_markers_are_listed_with_signatures(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines([
         "@pytest.mark.model(path): the model directory model_spec reads*",
         "@pytest.mark.deployment(name): the deploy-file deployment this test uses*",
-        "@pytest.mark.fp8_block_alignment(tp, ep=False, vllm_version=None): fail in setup unless*",
+        "@pytest.mark.fp8_block_alignment(tp, ep=False, vllm_version=None, gpu_arch=None): fail in setup unless*",
         "@pytest.mark.mla_kv_backend_supported(kv_cache_dtype='auto', gpu_arch=None, vllm_version=None): *",
         "@pytest.mark.memory_fit(tp, gpus=None, gpu_memory_utilization=0.9, max_model_len=None, max_num_seqs=None,"
         " kv_cache_dtype='auto', reserve_gib=None, *",
@@ -115,10 +115,33 @@ def test_fp8_marker_on_newest_rules_passes_with_a_visible_warning(pytester: pyte
         def test_tp8():
             pass
     """)
-    result = pytester.runpytest(*PLUGIN)
+    result = pytester.runpytest(*PLUGIN, "--gpu-arch", "sm120")
     result.assert_outcomes(passed=1, warnings=1)
     result.stdout.fnmatch_lines([
         "*GpuReadyWarning: MiniMax-M2.5 at TP=8: FP8 MoE block scales refined from [[]128, 128[]] to [[]64, 64[]]*",
+    ])
+
+
+def test_fp8_marker_on_regridded_blocks_without_an_arch_skips_saying_what_to_pass(
+        pytester: pytest.Pytester, models: Path) -> None:
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.model("models/MiniMax-M2.5")
+        @pytest.mark.fp8_block_alignment(tp=8)
+        def test_tp8():
+            pass
+
+        @pytest.mark.model("models/MiniMax-M2.5")
+        @pytest.mark.fp8_block_alignment(tp=8, gpu_arch="sm86")
+        def test_tp8_on_an_rtx_3090():
+            pass
+    """)
+    result = pytester.runpytest(*PLUGIN, "-rs")
+    result.assert_outcomes(skipped=1, errors=1)
+    result.stdout.fnmatch_lines([
+        "*No FP8 MoE backend supports the deployment configuration.*this GPU is SM86*",
+        "SKIPPED*MiniMax-M2.5 at TP=8: loads only on SM89+ GPUs: FP8 MoE block scales refined*",
     ])
 
 
@@ -211,10 +234,10 @@ def test_mla_marker_reads_the_architecture_from_the_gpus(pytester: pytest.Pytest
     ('fp8_block_alignment(tp="8")',
      "@pytest.mark.fp8_block_alignment: tp='8'; expected a whole number >= 1 (the tensor-parallel size)"),
     ("fp8_block_alignment(tp=8, pp=2)",
-     "@pytest.mark.fp8_block_alignment: unexpected argument pp=; expected tp, ep, vllm_version"),
+     "@pytest.mark.fp8_block_alignment: unexpected argument pp=; expected tp, ep, vllm_version, gpu_arch"),
     ("fp8_block_alignment(8, False, '0.17.0')",
      "@pytest.mark.fp8_block_alignment: too many positional arguments (8, False, '0.17.0'); expected (tp, ep, "
-     "vllm_version)"),
+     "vllm_version, gpu_arch)"),
     ("fp8_block_alignment(tp=8, ep='yes')", "@pytest.mark.fp8_block_alignment: ep='yes'; expected True or False"),
     ("fp8_block_alignment(tp=8, vllm_version='new')",
      "@pytest.mark.fp8_block_alignment: vllm_version='new'; expected a version string like '0.17.0'"),
@@ -259,7 +282,7 @@ def test_model_spec_fixture_sources(pytester: pytest.Pytester, models: Path) -> 
     """)
     result = pytester.runpytest(*PLUGIN, "--gpuready-model", "models/Llama-3.1-8B")
     result.assert_outcomes(passed=2, errors=1)
-    result.stdout.fnmatch_lines([f"{pytester.path}/models/nowhere: not a directory; expected a model directory "
+    result.stdout.fnmatch_lines([f"{pytester.path}/models/nowhere: directory not found; expected a model directory "
                                  "with config.json"])
 
 
@@ -545,4 +568,4 @@ def test_a_marker_typo_is_reported_even_without_a_model(pytester: pytest.Pyteste
     result = pytester.runpytest(*PLUGIN)
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["@pytest.mark.fp8_block_alignment: unexpected argument epp=; expected tp, ep, "
-                                 "vllm_version"])
+                                 "vllm_version, gpu_arch"])

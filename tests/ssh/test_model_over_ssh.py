@@ -38,7 +38,7 @@ def test_missing_model_directory_on_the_host(tmp_path: Path, loopback_host: SSHH
 
     with pytest.raises(ConfigError) as info:
         inspect_model(str(tmp_path / "nope"), host=loopback_host)
-    assert str(info.value) == (f"{loopback_host.name}:{tmp_path / 'nope'}: not a directory; expected a model "
+    assert str(info.value) == (f"{loopback_host.name}:{tmp_path / 'nope'}: directory not found; expected a model "
                                "directory with config.json")
 
 

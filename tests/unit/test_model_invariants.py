@@ -88,15 +88,57 @@ def test_minimax_tp8_with_expert_parallelism_aligns() -> None:
             "1536 / 1 = 1536 per GPU, block [128, 128]: aligned") in verdict.details
 
 
+REGRID = ("FP8 MoE block scales refined from [128, 128] to [64, 64] to fit the TP-sharded intermediate "
+          "size 192.")
+
+
 @pytest.mark.parametrize("version", ["0.29.0", "0.33.0", "0.29.0rc1", None])
-def test_minimax_tp8_refined_on_vllm_029_and_later(version: str | None) -> None:
-    verdict = check_fp8_block_alignment(MINIMAX, 8, vllm_version=version)
+def test_minimax_tp8_refined_on_vllm_029_and_later_loads_on_native_fp8(version: str | None) -> None:
+    verdict = check_fp8_block_alignment(MINIMAX, 8, vllm_version=version, compute_capability="sm120")
     assert verdict.ok
+    assert verdict.summary == "MiniMax-M2.5 FP8 blocks [128, 128] align at TP=8 on SM120"
     assert verdict.warnings == (
-        "MiniMax-M2.5 at TP=8: FP8 MoE block scales refined from [128, 128] to [64, 64] to fit the "
-        "TP-sharded intermediate size 192. (vLLM >= 0.29 re-grids the scales at load; only Triton MoE "
-        "kernels take a refined block)",)
+        f"MiniMax-M2.5 at TP=8: {REGRID} (vLLM >= 0.29 re-grids the scales at load; SM120 runs them on "
+        "the Triton MoE kernel)",)
     assert verdict.rule_set == (UNKNOWN_FP8 if version is None else f"vLLM >= 0.29 rules (vLLM {version})")
+
+
+def test_refined_blocks_do_not_load_below_sm89() -> None:
+    # vLLM 0.32 on an emulated SM80 raises exactly this (tests/vllm/test_rules_match_vllm.py)
+    verdict = check_fp8_block_alignment(MINIMAX, 8, vllm_version="0.32.0", compute_capability=(8, 6))
+    assert not verdict.ok
+    assert verdict.needs is None
+    assert verdict.summary == (
+        f"MiniMax-M2.5 does not load at TP=8: No FP8 MoE backend supports the deployment configuration. "
+        f"({REGRID} Only the Triton MoE kernel takes a re-gridded block, and it needs native FP8 (SM89+); "
+        "below SM89 vLLM runs FP8 MoE on Marlin, which takes only 128x128 blocks; this GPU is SM86)")
+    assert verdict.details[-1] == (
+        "what would work: loads at TP=4, or TP=8 with --enable-expert-parallel, or TP=8 on an SM89+ GPU "
+        "(Triton MoE takes the re-gridded blocks)")
+
+
+def test_refined_blocks_without_a_capability_promise_nothing() -> None:
+    verdict = check_fp8_block_alignment(MINIMAX, 8, vllm_version="0.32.0")
+    assert not verdict.ok
+    assert verdict.needs == "the GPU's compute capability (pass --gpu-arch SM, or --gpu-host HOST)"
+    assert verdict.summary == (
+        f"MiniMax-M2.5 at TP=8: loads only on SM89+ GPUs: {REGRID} Only the Triton MoE kernel takes a "
+        "re-gridded block, and it needs native FP8 (SM89+); below SM89 vLLM runs FP8 MoE on Marlin, which "
+        "takes only 128x128 blocks.")
+
+
+def test_aligned_blocks_load_on_marlin_below_sm89() -> None:
+    verdict = check_fp8_block_alignment(MINIMAX, 4, vllm_version="0.32.0", compute_capability=(8, 0))
+    assert verdict.ok
+    assert verdict.summary == "MiniMax-M2.5 FP8 blocks [128, 128] align at TP=4 on SM80"
+
+
+def test_old_vllm_below_sm89_suggests_both_the_version_and_the_gpu() -> None:
+    verdict = check_fp8_block_alignment(MINIMAX, 8, vllm_version="0.17.0", compute_capability=(8, 0))
+    assert not verdict.ok
+    assert verdict.details[-1] == (
+        "what would work: loads at TP=4, or TP=8 with --enable-expert-parallel, or TP=8 on vLLM >= 0.29 on "
+        "an SM89+ GPU (re-grids the MoE block scales)")
 
 
 def test_refinement_needs_a_block_of_at_least_32() -> None:

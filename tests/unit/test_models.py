@@ -272,7 +272,7 @@ def test_config_and_index_directory_takes_the_index_total(tmp_path: Path) -> Non
 def test_missing_directory(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as info:
         inspect_model(tmp_path / "nope")
-    assert str(info.value) == f"{tmp_path / 'nope'}: not a directory; expected a model directory with config.json"
+    assert str(info.value) == f"{tmp_path / 'nope'}: directory not found; expected a model directory with config.json"
 
 
 def test_directory_without_config(tmp_path: Path) -> None:
@@ -315,8 +315,7 @@ def test_unreadable_config(tmp_path: Path) -> None:
     (tmp_path / "config.json").mkdir()  # unreadable even for root
     with pytest.raises(ConfigError) as info:
         inspect_model(tmp_path)
-    assert str(info.value) == f"{tmp_path}/config.json: cannot be read: [Errno 21] Is a directory: " \
-                              f"'{tmp_path / 'config.json'}'"
+    assert str(info.value) == f"{tmp_path}/config.json: a directory; expected a regular file"
 
 
 def test_compressed_tensors_groups_not_an_object() -> None:

@@ -86,7 +86,7 @@ def test_bad_gpus_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_missing_model_dir_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", str(tmp_path / "nope"), "--gpus", "H200"]) == 2
-    assert capsys.readouterr().err == (f"gpuready plan: {tmp_path / 'nope'}: not a directory; expected a model "
+    assert capsys.readouterr().err == (f"gpuready plan: {tmp_path / 'nope'}: directory not found; expected a model "
                                        "directory with config.json\n")
 
 

@@ -1,0 +1,117 @@
+"""The load-time rules of vLLM as pure functions of (model, layout, GPU capability, vLLM version).
+
+Every rule in :data:`RULES` has the signature of :class:`~pytest_gpuready.model.rules.common.Rule`::
+
+    rule(model: ModelSpec, layout: Layout, capability=None, vllm_version=None) -> Verdict
+
+where ``capability`` is the GPU's compute capability (``(12, 0)``, ``"sm120"``) or None, and
+``vllm_version`` a :class:`VllmVersion`, a string or None (newest rules). A rule that cannot decide
+without the capability returns ``Verdict.undecided`` (``verdict.needs`` says what it needs); a
+failing verdict reads like vLLM's own error and records where vLLM raises it
+(``evidence["vllm_stage"]``). :func:`check_deployment` runs them all (plus the world size when
+the number of visible GPUs is known) and names the failure vLLM would report first.
+
+Each rule's module docstring gives its vLLM source locations and the versions it holds for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pytest_gpuready.model.layout import Layout
+from pytest_gpuready.model.rules.attention import check_attention_backend
+from pytest_gpuready.model.rules.common import Capability, Rule, coerce_capability, stage_of, version_of
+from pytest_gpuready.model.rules.fp8 import check_fp8_blocks
+from pytest_gpuready.model.rules.marlin import check_marlin_fp8
+from pytest_gpuready.model.rules.parallel import check_expert_parallel, check_tensor_parallel, check_world_size
+from pytest_gpuready.model.rules.quantization import check_quantization_capability
+from pytest_gpuready.model.spec import ModelSpec
+from pytest_gpuready.model.vllm_version import VllmVersion
+from pytest_gpuready.verdict import Verdict
+
+RULES: Mapping[str, Rule] = {
+    "tensor_parallel": check_tensor_parallel,
+    "expert_parallel": check_expert_parallel,
+    "quantization_capability": check_quantization_capability,
+    "fp8_block_alignment": check_fp8_blocks,
+    "attention_backend": check_attention_backend,
+    "marlin_fp8_tiles": check_marlin_fp8,
+}
+"""The rules by name, each ``(model, layout, capability, vllm_version) -> Verdict``."""
+
+
+@dataclass(frozen=True)
+class DeploymentCheck:
+    """Every rule's verdict for one layout, and the failure vLLM would raise first."""
+
+    model: str
+    layout: Layout
+    verdicts: Mapping[str, Verdict]
+
+    @property
+    def failures(self) -> list[tuple[str, Verdict]]:
+        """Failed (not undecided) verdicts, in the order vLLM would meet them."""
+        failed = [(name, v) for name, v in self.verdicts.items() if not v.ok and v.needs is None]
+        return sorted(failed, key=lambda item: stage_of(item[1]))
+
+    @property
+    def first_failure(self) -> tuple[str, Verdict] | None:
+        failures = self.failures
+        return failures[0] if failures else None
+
+    @property
+    def undecided(self) -> list[tuple[str, Verdict]]:
+        return [(name, v) for name, v in self.verdicts.items() if v.needs is not None]
+
+    @property
+    def ok(self) -> bool:
+        """Loads: no rule failed and none was left undecided."""
+        return all(v.ok for v in self.verdicts.values())
+
+    @property
+    def word(self) -> str:
+        """One word for a planner row: ``loads``, ``fails`` or ``undecided``."""
+        if self.first_failure is not None:
+            return "fails"
+        return "undecided" if self.undecided else "loads"
+
+    @property
+    def reason(self) -> str:
+        """vLLM's words for the first failure, or what an undecided row needs; empty when it loads."""
+        first = self.first_failure
+        if first is not None:
+            return first[1].summary
+        pending = self.undecided
+        return f"needs {pending[0][1].needs}" if pending else ""
+
+
+def check_deployment(model: ModelSpec, layout: Layout, capability: Capability | str | None = None,
+                     vllm_version: VllmVersion | str | None = None, *,
+                     visible_gpus: int | None = None) -> DeploymentCheck:
+    """Run every rule for one layout; ``visible_gpus`` adds the world-size rule."""
+    cap = coerce_capability(capability)
+    version = version_of(vllm_version)
+    verdicts: dict[str, Verdict] = {}
+    if visible_gpus is not None:
+        verdicts["world_size"] = check_world_size(layout, visible_gpus, version)
+    for name, rule in RULES.items():
+        verdicts[name] = rule(model, layout, cap, version)
+    return DeploymentCheck(model.name, layout, verdicts)
+
+
+__all__ = [
+    "RULES",
+    "Capability",
+    "DeploymentCheck",
+    "Layout",
+    "Rule",
+    "check_attention_backend",
+    "check_deployment",
+    "check_expert_parallel",
+    "check_fp8_blocks",
+    "check_marlin_fp8",
+    "check_quantization_capability",
+    "check_tensor_parallel",
+    "check_world_size",
+]
