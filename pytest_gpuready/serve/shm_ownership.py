@@ -67,7 +67,7 @@ def read_members_holding(host: Host, sid: int, pids: Iterable[int],
     members = {pid for pid in chosen if pid in before and before.get(pid) == after.get(pid) and before[pid][0] == sid}
     entries = parse_shm_listing_entries(result.stdout, host.name)
     holders = parse_shm_holders(result.stdout, host.name)
-    held = {e.name: set(holders.pids_holding(e.name) & members) for e in entries}
+    held = {e.name: set(holders.pids_holding(e.name, e.inode) & members) for e in entries}
     return entries, {name: pids_ for name, pids_ in held.items() if pids_}
 
 
