@@ -259,6 +259,7 @@ def _say(config: pytest.Config, line: str) -> None:
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(f"\ngpuready: {line}")
+        reporter.flush()
 
 
 def snapshot_for_gpu_checks(config: pytest.Config, session: HostSession, node: pytest.Item | None = None,

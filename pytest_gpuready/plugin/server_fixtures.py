@@ -206,6 +206,7 @@ def _terminal_writer(config: pytest.Config) -> Callable[[str], None]:
             if writer.width_of_current_line:  # after a test's progress dot
                 writer.line()
             reporter.write_line(f"gpuready: {line}")
+            reporter.flush()  # a CI log is a pipe, not a tty: the line must not wait in the buffer
 
     return write
 
