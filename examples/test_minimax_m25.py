@@ -6,7 +6,7 @@ launch it with vLLM once, check the weights' footprint per GPU, and measure sing
 256-stream output throughput the way ``vllm bench serve`` does::
 
     pytest examples/test_minimax_m25.py --gpu-host root@gpu-box-7 --junitxml=report.xml \\
-        --gpuready-json=figures.json
+        --gpuready-report=figures.json
 
 or, against the server a systemd unit already runs (nothing is started or stopped)::
 

@@ -39,7 +39,7 @@ from pytest_gpuready.plugin.host_session import (
     host_session_of,
 )
 from pytest_gpuready.plugin.outcomes import checked, expect
-from pytest_gpuready.plugin.report import gpu_table, header_lines
+from pytest_gpuready.plugin.report import header_lines
 from pytest_gpuready.verdict import Verdict
 
 
@@ -204,18 +204,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         registry.close()
 
 
-def _is_xdist_controller(config: pytest.Config) -> bool:
-    """True in the process that hands tests to xdist workers (it runs none itself)."""
-    return not hasattr(config, "workerinput") and config.getoption("dist", default="no") not in ("no", None)
+def _under_xdist(config: pytest.Config) -> bool:
+    """True in xdist's controller (which hands tests out and runs none) and in its workers."""
+    return hasattr(config, "workerinput") or config.getoption("dist", default="no") not in ("no", None)
 
 
 def _wants_probe_at_start(config: pytest.Config) -> bool:
     """Probe for the header only when the user aims at GPUs: a named host or the built-in preflight.
 
-    Never under xdist's controller: the workers probe the hosts they run, in parallel; probing
-    every host here first would cost each host a second connection and serialize the fleet.
+    Never under xdist: each worker probes the hosts whose tests it runs, when they run; probing
+    every host for a header (the controller's, or each worker's, which nobody sees) would cost
+    each host more connections and serialize the fleet.
     """
-    if config.option.collectonly or _is_xdist_controller(config):
+    if config.option.collectonly or _under_xdist(config):
         return False
     session = get_host_registry(config).first
     return session.named_explicitly or any("pytest_gpuready" in str(arg) for arg in config.args)
@@ -236,17 +237,6 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             named = cause if cause.startswith(f"{session.spec}: ") else f"{session.spec}: {cause}"
             lines.append(f"gpuready: host {named}")
     return lines
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    registry = config.stash.get(HOST_REGISTRY_KEY, None)
-    for session in (registry or {}).values():
-        latest = session.latest
-        if latest is None or not latest.gpus:
-            continue
-        terminalreporter.write_sep("=", f"gpuready: GPUs on {latest.host} (last snapshot)")
-        for line in gpu_table(latest):
-            terminalreporter.write_line(line)
 
 
 @pytest.fixture(scope="session")

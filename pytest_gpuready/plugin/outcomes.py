@@ -18,6 +18,7 @@ from typing import TypeVar
 import pytest
 
 from pytest_gpuready.errors import GpuReadyError, GpuReadyWarning, NoGpuError
+from pytest_gpuready.plugin.recording import record_verdict
 from pytest_gpuready.verdict import Verdict
 
 T = TypeVar("T")
@@ -26,11 +27,12 @@ T = TypeVar("T")
 def expect(verdict: Verdict, node: pytest.Item | None = None, name: str | None = None) -> Verdict:
     """Fail the current test unless ``verdict`` is ok; show its warnings; return it.
 
-    With ``node`` and ``name`` the summary is also recorded as a JUnit property ``gpuready.NAME``.
+    With ``node`` and ``name`` the summary is also recorded as a JUnit property ``gpuready.NAME``,
+    and the whole Verdict (details, evidence, warnings) in the JSON report.
     """
     __tracebackhide__ = True
     if node is not None and name is not None:
-        node.user_properties.append((f"gpuready.{name}", verdict.summary))
+        record_verdict(node, name, verdict)
     for text in verdict.warnings:
         warnings.warn(GpuReadyWarning(text), stacklevel=2)
     if verdict.needs is not None:

@@ -1,4 +1,7 @@
-"""Text for the report header and the terminal summary: what an engineer reads in nvidia-smi."""
+"""The report header's line per host: what an engineer reads first in a CI log.
+
+(The terminal summary's tables are :mod:`pytest_gpuready.plugin.summary`.)
+"""
 
 from __future__ import annotations
 
@@ -24,21 +27,3 @@ def header_lines(snapshot: HostSnapshot) -> list[str]:
     parts.append(described)
     parts.append(f"vLLM {snapshot.vllm_version}" if snapshot.vllm_version else "vLLM not installed")
     return [", ".join(parts)]
-
-
-def gpu_table(snapshot: HostSnapshot) -> list[str]:
-    """The GPU table of the terminal summary: index, name, used/total MiB, processes."""
-    if not snapshot.gpus:
-        return []
-    rows = [("GPU", "Name", "Used / Total MiB", "Processes")]
-    for gpu in snapshot.gpus:
-        processes = ", ".join(
-            f"{p.pid} {p.name} {p.used_memory_mib if p.used_memory_mib is not None else '?'} MiB"
-            + ("" if p.alive is not False else " (gone)")
-            for p in snapshot.processes_on(gpu.index)
-        ) or "-"
-        rows.append((str(gpu.index), gpu.name, f"{gpu.memory_used_mib} / {gpu.memory_total_mib}", processes))
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    return [
-        f"{row[0]:<{widths[0]}}  {row[1]:<{widths[1]}}  {row[2]:>{widths[2]}}  {row[3]}".rstrip() for row in rows
-    ]

@@ -21,10 +21,8 @@ Measured figures go to the JUnit XML as properties of the test that measured the
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import shlex
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +36,7 @@ from pytest_gpuready.model.deploy_config import Deployment, Throughput
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_session import HostSession
 from pytest_gpuready.plugin.model_fixtures import SKIP_NO_DEPLOY_FILE, deploy_config_of
+from pytest_gpuready.plugin.recording import add_report_entry, record
 from pytest_gpuready.serve.bench import BenchResult, ServerGoneError, run_benchmark
 from pytest_gpuready.serve.server import ServerError, TeardownReport, VLLMServer
 from pytest_gpuready.serve.spec import DEFAULT_COMMAND, ServeSpec, spec_from_deployment
@@ -90,15 +89,8 @@ VLLM_URL = s.Setting(
     "Attach to an already running vLLM server at this URL instead of launching one (never stopped).",
     _parse_url, None, metavar="URL",
 )
-GPUREADY_JSON = s.Setting(
-    "gpuready_json", "--gpuready-json", "GPUREADY_JSON", "gpuready_json",
-    "Write measured figures (server footprints, teardowns, benchmarks, thresholds) to this JSON file.",
-    s.parse_optional_str, None, metavar="PATH",
-)
-SERVER_SETTINGS: tuple[s.Setting[Any], ...] = (VLLM_CMD, VLLM_READY_TIMEOUT, VLLM_URL, GPUREADY_JSON)
+SERVER_SETTINGS: tuple[s.Setting[Any], ...] = (VLLM_CMD, VLLM_READY_TIMEOUT, VLLM_URL)
 
-CURRENT_ITEM_KEY = pytest.StashKey[pytest.Item | None]()
-REPORT_KEY = pytest.StashKey[dict[str, list[dict[str, Any]]]]()
 POOL_KEY = pytest.StashKey[dict[str, "ServerPool"]]()
 """This session's server pools, one per host (by display name)."""
 
@@ -111,17 +103,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     s.resolve_all(config, SERVER_SETTINGS)
-    report: dict[str, list[dict[str, Any]]] = {"servers": [], "teardowns": [], "benchmarks": [], "checks": []}
-    config.stash[REPORT_KEY] = report
-    config.stash[CURRENT_ITEM_KEY] = None
     if config.pluginmanager.get_plugin(_SAFETY_NET_NAME) is None:
         config.pluginmanager.register(_SafetyNet(config), _SAFETY_NET_NAME)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item) -> None:
-    """Remember the running test so session-scoped servers record their figures on it."""
-    item.config.stash[CURRENT_ITEM_KEY] = item
 
 
 class _SafetyNet:
@@ -147,14 +130,8 @@ class _SafetyNet:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         # trylast: after pytest's own sessionfinish has run the fixture teardowns (which stop and
-        # verify the servers), so this only catches what they did not, and the JSON is complete.
+        # verify the servers), so this only catches what they did not.
         self._stop("end of the pytest session")
-        path = GPUREADY_JSON.get(session.config)
-        report = session.config.stash.get(REPORT_KEY, None)
-        if path is not None and report is not None:
-            target = Path(session.config.invocation_params.dir, os.path.expanduser(path))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(json.dumps(report, indent=2, default=str) + "\n")
 
 
 _SAFETY_NET_NAME = "gpuready-server-safety-net"
@@ -174,23 +151,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return [f"gpuready: vLLM launch command: {command}"] if command != DEFAULT_COMMAND else []
 
 
-# ---------------------------------------------------------------- recording
-
-def add_report_entry(config: pytest.Config, section: str, entry: Mapping[str, Any]) -> None:
-    """Add a measured figure to the JSON report (``--gpuready-json``), tagged with the current test."""
-    report = config.stash.get(REPORT_KEY, None)
-    if report is None:
-        return
-    item = config.stash.get(CURRENT_ITEM_KEY, None)
-    report.setdefault(section, []).append({"test": item.nodeid if item is not None else None, **entry})
-
-
-def record(config: pytest.Config, name: str, value: object) -> None:
-    """A JUnit property ``gpuready.NAME`` on the test that is running."""
-    item = config.stash.get(CURRENT_ITEM_KEY, None)
-    if item is not None:
-        item.user_properties.append((f"gpuready.{name}", value))
-
+# ---------------------------------------------------------------- progress
 
 def _terminal_writer(config: pytest.Config) -> Callable[[str], None]:
     """Write progress lines to the terminal, on a line of their own, even while output is captured."""
@@ -206,7 +167,7 @@ def _terminal_writer(config: pytest.Config) -> Callable[[str], None]:
             if writer.width_of_current_line:  # after a test's progress dot
                 writer.line()
             reporter.write_line(f"gpuready: {line}")
-            reporter.flush()  # a CI log is a pipe, not a tty: the line must not wait in the buffer
+            reporter.flush()  # a CI log is a pipe: show progress now, not when the buffer fills
 
     return write
 
@@ -233,6 +194,10 @@ class ServerPool:
     @property
     def host_session(self) -> HostSession | None:
         return self._host_session
+
+    @property
+    def _host_name(self) -> str | None:
+        return self._host_session.display_name if self._host_session is not None else None
 
     def host(self) -> Host:
         session = self.host_session
@@ -323,7 +288,7 @@ class ServerPool:
         if footprint.gpu_memory_mib is not None:
             record(self.config, "gpu_memory_mib",
                    " ".join(f"{i}:{m}" for i, m in sorted(footprint.gpu_memory_mib.items())))
-        add_report_entry(self.config, "servers", {
+        add_report_entry(self.config, "servers", host=self._host_name, entry={
             "spec": server.spec.to_dict(), "url": server.url, "attached": server.is_attached,
             "startup_s": server.ready.startup_s, "vllm_version": server.ready.vllm_version,
             "footprint": footprint.to_dict(),
@@ -339,7 +304,8 @@ class ServerPool:
             self._invalidate()
         if not server.is_attached:
             record(self.config, "teardown_s", round(report.duration_s, 2))
-            add_report_entry(self.config, "teardowns", {"server": server.describe(), **report.to_dict()})
+            add_report_entry(self.config, "teardowns", {"server": server.describe(), **report.to_dict()},
+                             host=self._host_name)
         if fail and not report.ok:
             pytest.fail(report.message, pytrace=False)
         return report
@@ -532,7 +498,6 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
 
 
 __all__ = [
-    "GPUREADY_JSON",
     "SERVER_SETTINGS",
     "VLLM_CMD",
     "VLLM_READY_TIMEOUT",

@@ -52,9 +52,9 @@ def test_preflight_names_the_process_holding_a_gpu(pytester: pytest.Pytester, st
         "*_ test_gpus_are_clean _*",
         "1 of 1 GPUs on local are not clean (tolerance 64 MiB)",
         "  GPU 0: 21007 MiB used, held by pid 431 (python3*) 20998 MiB",
-        "*gpuready: GPUs on local (last snapshot)*",
-        "GPU  Name         Used / Total MiB  Processes",
-        "0    NVIDIA H200    21007 / 143771  431 python3 20998 MiB*",
+        "*gpuready: GPUs on local, driver 580.159.04 (last snapshot)*",
+        "GPU  Name         Used / Total MiB  Memory                  Processes",
+        "0    NVIDIA H200    21007 / 143771  [[]###.................]  431 python3 20998 MiB*",
     ])
     assert "Traceback" not in result.stdout.str()
 

@@ -37,7 +37,7 @@ def test_help_lists_the_server_options(pytester: pytest.Pytester) -> None:
         "*--vllm-cmd=COMMAND*Command that launches vLLM before the model*",
         "*--vllm-ready-timeout=SECONDS*",
         "*--vllm-url=URL*Attach to an already running vLLM server*",
-        "*--gpuready-json=PATH*",
+        "*--gpuready-report=PATH*",
     ])
 
 
@@ -67,7 +67,7 @@ def test_a_server_that_exits_fails_the_test_at_once_and_later_requests_without_r
 ) -> None:
     pytester.makepyfile(test_launch=FAILING)
     report = pytester.path / "figures.json"
-    result = pytester.runpytest(*PLUGIN, "--vllm-cmd", FAKE_VLLM, f"--gpuready-json={report}")
+    result = pytester.runpytest(*PLUGIN, "--vllm-cmd", FAKE_VLLM, f"--gpuready-report={report}")
     result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines([
         f"gpuready: vLLM launch command: {FAKE_VLLM}",

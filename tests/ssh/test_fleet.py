@@ -10,13 +10,16 @@ The /dev/shm test is left out (``-k "not shm"``): every "host" here shares this 
 from __future__ import annotations
 
 import contextlib
+import json
 import re
 import socket
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.report_schema import validate
 from tests.sshd import LoopbackSshd
 
 pytestmark = pytest.mark.ssh
@@ -155,3 +158,45 @@ def test_user_tests_are_parametrized_only_where_they_read_a_host(
         f"test_server_factory_per_host[{a}]": "PASSED", f"test_server_factory_per_host[{b}]": "PASSED",
         "test_no_host_at_all": "PASSED",
     }
+
+
+def test_under_xdist_each_host_is_one_worker_and_one_connection(
+        pytester: pytest.Pytester, loopback_fleet: LoopbackSshd, down_port: int) -> None:
+    pytest.importorskip("xdist")
+    fleet = loopback_fleet
+    hosts = write_hosts_file(pytester.path / "fleet.txt", fleet, down_port)
+    before = fleet.accepted_connections()
+    report = pytester.path / "report.json"
+    with fleet_scenarios(fleet):
+        result = pytester.runpytest(*PREFLIGHT, "-n", "3", "--gpu-hosts-file", str(hosts), *ssh_args(fleet),
+                                    "--gpuready-report", str(report), "--junitxml", str(pytester.path / "j.xml"))
+    idle, held, eight = (f"127.0.0.1:{port}" for port in fleet.ports)
+    down = f"127.0.0.1:{down_port}"
+    assert outcomes(result) == {
+        f"test_gpus_are_clean[{idle}]": "PASSED", f"test_gpu_topology[{idle}]": "PASSED",
+        f"test_gpus_are_clean[{held}]": "FAILED", f"test_gpu_topology[{held}]": "PASSED",
+        f"test_gpus_are_clean[{eight}]": "PASSED", f"test_gpu_topology[{eight}]": "PASSED",
+        f"test_gpus_are_clean[{down}]": "ERROR", f"test_gpu_topology[{down}]": "ERROR",
+    }
+    result.stdout.fnmatch_lines(["gpuready: 4 hosts: * (each probed when a check first asks)"])
+    # the controller probes nothing; each host's tests ran on one worker, over one connection
+    assert fleet.accepted_connections() - before == 3
+    # the report: written once, by the controller, from what the workers sent with their reports
+    document = json.loads(report.read_text())
+    validate(document)
+    assert len(document["workers"]) == 3
+    per_host = document["timings"]["per_host"]
+    assert {name: len(totals["workers"]) for name, totals in per_host.items()} == {
+        idle: 1, held: 1, eight: 1, down: 1}
+    by_name = {host["name"]: host for host in document["hosts"]}
+    assert by_name[held]["snapshot"]["gpus"][0]["memory_used_mib"] == 21007
+    assert by_name[held]["worker"] == per_host[held]["workers"][0]
+    assert by_name[eight]["gpu_count"] == 8
+    assert by_name[down]["snapshot"] is None
+    assert by_name[down]["error"].endswith("ssh failed: connection refused (is sshd running, is the port right?)")
+    [failed] = [v for v in document["verdicts"] if not v["ok"]]
+    assert (failed["name"], failed["host"]) == ("gpus_clean", held)
+    assert failed["test"].endswith(f"test_gpus_are_clean[{held}]")
+    # the JUnit XML of the controller carries each worker's properties
+    properties = [p.get("name") for p in ET.parse(pytester.path / "j.xml").iter("property")]
+    assert properties.count("gpuready.gpus_clean") == 3

@@ -28,7 +28,7 @@ def test_tiny_cpu_example_launches_measures_and_tears_down(
     report = pytester.path / "figures.json"
     result = pytester.runpytest_subprocess(
         "-p", "pytest_gpuready.plugin.server_fixtures", "--vllm-cmd", API_SERVER_COMMAND,
-        f"--junitxml={junit}", f"--gpuready-json={report}", "-p", "no:cacheprovider", "-rA",
+        f"--junitxml={junit}", f"--gpuready-report={report}", "-p", "no:cacheprovider", "-rA",
     )
     result.assert_outcomes(passed=3)
     assert result.ret == 0

@@ -162,7 +162,7 @@ def test_fixtures_attached_by_url_pass_and_fail_thresholds(shared: Shared, pytes
     report = pytester.path / "report.json"
     result = pytester.runpytest_subprocess(
         "-p", "pytest_gpuready.plugin.server_fixtures", "--vllm-url", shared.server.url,
-        f"--junitxml={junit}", f"--gpuready-json={report}", "-p", "no:cacheprovider",
+        f"--junitxml={junit}", f"--gpuready-report={report}", "-p", "no:cacheprovider",
     )
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([

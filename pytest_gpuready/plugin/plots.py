@@ -1,0 +1,196 @@
+"""``--gpuready-plot DIR``: PNGs a person reads at a glance, drawn from the JSON report's document.
+
+- ``throughput.png``: output tokens/s and mean TTFT (p99 dashed) against concurrency, one line per
+  deployment and host;
+- ``gpu-memory.png``: each GPU's memory, stacked: weights, KV cache, other, free (GiB). A GPU a
+  server of the run used gets vLLM's own split (``Model loading took X GiB``, ``Available KV cache
+  memory``; other = what the driver showed used beyond those); any other GPU of a probed host
+  shows used and free from its last snapshot.
+
+matplotlib is the ``plot`` extra, imported here only (the Agg backend: no display needed). Each
+function returns the files it wrote; a plot with nothing to show is not written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MIB_PER_GIB = 1024
+
+
+def save_plots(document: Mapping[str, Any], directory: Path) -> list[Path]:
+    """Write every plot the document has data for into ``directory``; return their paths."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for plot in (plot_throughput, plot_gpu_memory):
+        path = plot(document, directory)
+        if path is not None:
+            written.append(path)
+    return written
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_throughput(document: Mapping[str, Any], directory: Path) -> Path | None:
+    """Output tok/s and TTFT against concurrency, a line per (deployment, host)."""
+    series: dict[str, list[Mapping[str, Any]]] = {}
+    for bench in document.get("benchmarks") or []:
+        label = f"{bench.get('server')} @ {bench.get('host') or 'local'}"
+        series.setdefault(label, []).extend(bench.get("levels") or [])
+    if not series:
+        return None
+    plt = _pyplot()
+    fig, (tput, ttft) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=100, constrained_layout=True)
+    levels_seen: set[int] = set()
+    for index, (label, levels) in enumerate(sorted(series.items())):
+        points = sorted(levels, key=lambda level: int(level["max_concurrency"]))
+        x = [int(p["max_concurrency"]) for p in points]
+        levels_seen.update(x)
+        colour = f"C{index % 10}"
+        tput.plot(x, [float(p["output_throughput"]) for p in points], marker="o", color=colour, label=label)
+        ttft.plot(x, [float(p["mean_ttft_ms"]) for p in points], marker="o", color=colour, label=f"{label}, mean")
+        if all("p99_ttft_ms" in p for p in points):
+            ttft.plot(x, [float(p["p99_ttft_ms"]) for p in points], marker="x", linestyle="--", color=colour,
+                      label=f"{label}, p99")
+    ticks = sorted(levels_seen)
+    for axes, title, ylabel in ((tput, "Output throughput", "output tokens/s"),
+                                (ttft, "Time to first token", "TTFT (ms)")):
+        axes.set_xscale("log", base=2)
+        axes.set_xticks(ticks, [str(t) for t in ticks])
+        axes.minorticks_off()
+        axes.set_xlabel("concurrency (requests in flight)")
+        axes.set_ylabel(ylabel)
+        axes.set_title(title)
+        axes.set_ylim(bottom=0)
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize="small")
+    tokens = sorted({(b.get("prompt_tokens"), b.get("output_tokens")) for b in document.get("benchmarks") or []})
+    workload = "; ".join(f"{p} prompt + {o} output tokens" for p, o in tokens)
+    fig.suptitle(f"Serving benchmark ({workload})")
+    path = directory / "throughput.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+@dataclass(frozen=True)
+class GpuBar:
+    """One bar of the memory plot: a GPU of a host, in MiB per category."""
+
+    host: str
+    gpu: str
+    group: str
+    """The bars of one group stand together: a server's GPUs, or the other GPUs of a host."""
+    weights: float
+    kv_cache: float
+    other: float
+    free: float
+
+
+def _server_bars(server: Mapping[str, Any]) -> list[GpuBar]:
+    footprint = server.get("footprint") or {}
+    used: Mapping[str, int] = footprint.get("gpu_memory_mib") or {}
+    totals: Mapping[str, int] = footprint.get("gpu_total_mib") or {}
+    if not used:
+        return []
+    log = footprint.get("log") or {}
+    weights: Sequence[float] = log.get("weights_gib") or []
+    kv: Sequence[float] = log.get("available_kv_cache_gib") or []
+    spec = server.get("spec") or {}
+    name = str(spec.get("served_model_name") or spec.get("model") or "server")
+    host = str(server.get("host") or "local")
+    bars = []
+    for rank, index in enumerate(sorted(used, key=int)):
+        w = float(weights[min(rank, len(weights) - 1)]) * MIB_PER_GIB if weights else 0.0
+        k = float(kv[min(rank, len(kv) - 1)]) * MIB_PER_GIB if kv else 0.0
+        shown = float(used[index])
+        total = float(totals.get(index, shown))
+        bars.append(GpuBar(host, str(index), f"{host}\n{name}", w, k, max(0.0, shown - w - k),
+                           max(0.0, total - max(shown, w + k))))
+    return bars
+
+
+def _snapshot_bars(host: Mapping[str, Any], taken: set[tuple[str, str]]) -> list[GpuBar]:
+    snapshot = host.get("snapshot") or {}
+    name = str(host.get("name"))
+    bars = []
+    for gpu in snapshot.get("gpus") or []:
+        if (name, str(gpu.get("index"))) in taken:
+            continue
+        used = float(gpu.get("memory_used_mib") or 0)
+        total = float(gpu.get("memory_total_mib") or 0)
+        bars.append(GpuBar(name, str(gpu.get("index")), name, 0.0, 0.0, used, max(0.0, total - used)))
+    return bars
+
+
+def memory_bars(document: Mapping[str, Any]) -> list[GpuBar]:
+    """The bars of the memory plot: servers' GPUs with vLLM's split, then other probed GPUs."""
+    bars: list[GpuBar] = []
+    taken: set[tuple[str, str]] = set()
+    for server in document.get("servers") or []:
+        bars += _server_bars(server)
+        for index in (server.get("footprint") or {}).get("gpu_memory_mib") or {}:
+            taken.add((str(server.get("host") or "local"), str(index)))
+    for host in document.get("hosts") or []:
+        bars += _snapshot_bars(host, taken)
+    return bars
+
+
+_CATEGORIES = (("weights", "weights (vLLM: Model loading took)"), ("kv_cache", "KV cache (vLLM: Available KV cache)"),
+               ("other", "other used (CUDA context, activations, other processes)"), ("free", "free"))
+_COLOUR_OF = {"weights": "#4c72b0", "kv_cache": "#55a868", "other": "#c44e52", "free": "#dddddd"}
+
+
+def plot_gpu_memory(document: Mapping[str, Any], directory: Path) -> Path | None:
+    """Stacked bars per GPU, grouped by server and host: weights, KV cache, other, free (GiB)."""
+    bars = memory_bars(document)
+    if not bars:
+        return None
+    plt = _pyplot()
+    from matplotlib.transforms import blended_transform_factory
+
+    positions: list[float] = []
+    groups: list[tuple[str, float, float]] = []  # label, first x, last x
+    x = 0.0
+    for index, item in enumerate(bars):
+        if index and item.group != bars[index - 1].group:
+            x += 0.8  # a gap between groups
+        positions.append(x)
+        if groups and groups[-1][0] == item.group and index and bars[index - 1].group == item.group:
+            groups[-1] = (item.group, groups[-1][1], x)
+        else:
+            groups.append((item.group, x, x))
+        x += 1.0
+    width = max(10.0, min(26.0, 0.75 * x + 6.5))  # the legend takes about 4 inches on the right
+    fig, axes = plt.subplots(figsize=(width, 5.6), dpi=100, constrained_layout=True)
+    bottom = [0.0] * len(bars)
+    for key, label in _CATEGORIES:
+        gib = [getattr(b, key) / MIB_PER_GIB for b in bars]
+        axes.bar(positions, gib, width=0.8, bottom=bottom, color=_COLOUR_OF[key], edgecolor="#555555",
+                 linewidth=0.5, label=label)
+        bottom = [b + g for b, g in zip(bottom, gib, strict=True)]
+    axes.set_xticks(positions, [f"GPU {b.gpu}" for b in bars], fontsize="small")
+    below = blended_transform_factory(axes.transData, axes.transAxes)
+    for label, first, last in groups:
+        axes.text((first + last) / 2, -0.07, label, transform=below, ha="center", va="top", fontsize="small")
+    lines_below = max(label.count("\n") + 1 for label, _, _ in groups)
+    axes.set_xlim(-0.7, x - 0.3)
+    axes.set_xlabel("GPU, by host (and server)", labelpad=8 + 12 * lines_below)
+    axes.set_ylabel("GPU memory (GiB)")
+    axes.set_title("GPU memory per GPU (stacked): weights, KV cache, other, free")
+    axes.grid(True, axis="y", alpha=0.3)
+    fig.legend(loc="outside right upper", fontsize="small")
+    path = directory / "gpu-memory.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path

@@ -1,0 +1,152 @@
+"""Report options and the process that writes the reports: the JSON report, the plots, the summary.
+
+``--gpuready-report PATH`` writes the JSON document of :mod:`pytest_gpuready.plugin.report_document`;
+``--gpuready-json PATH`` is its deprecated old name (same document); ``--gpuready-plot DIR`` saves
+PNGs (the ``plot`` extra, matplotlib, imported only then). All three, and the terminal summary,
+come from the process that sees every test report: the xdist controller (a config without
+``workerinput``), or the only process without xdist. Workers only record
+(:mod:`pytest_gpuready.plugin.recording`); their payloads arrive inside the test reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_gpuready.plugin import settings as s
+from pytest_gpuready.plugin.host_fixtures import GPU_MAX_USED_MIB
+from pytest_gpuready.plugin.host_session import HOST_REGISTRY_KEY
+from pytest_gpuready.plugin.recording import PAYLOAD_ATTRIBUTE
+from pytest_gpuready.plugin.report_document import ReportData, host_entry
+from pytest_gpuready.plugin.summary import MAX_WIDTH, failure_lines, host_tables
+
+GPUREADY_REPORT = s.Setting(
+    "gpuready_report", "--gpuready-report", "GPUREADY_REPORT", "gpuready_report",
+    "Write the JSON report (hosts, snapshots, verdicts with evidence, servers, benchmarks, timings) to "
+    "this file; its JSON Schema ships with the plugin (docs/report.md).",
+    s.parse_optional_str, None, metavar="PATH",
+)
+GPUREADY_JSON = s.Setting(
+    "gpuready_json", "--gpuready-json", "GPUREADY_JSON", "gpuready_json",
+    "Deprecated name of --gpuready-report (the same document).",
+    s.parse_optional_str, None, metavar="PATH",
+)
+GPUREADY_PLOT = s.Setting(
+    "gpuready_plot", "--gpuready-plot", "GPUREADY_PLOT", "gpuready_plot",
+    "Save PNG plots (throughput and TTFT against concurrency, GPU memory per GPU) in this directory; "
+    "needs the plot extra (matplotlib).",
+    s.parse_optional_str, None, metavar="DIR",
+)
+REPORT_SETTINGS: tuple[s.Setting[Any], ...] = (GPUREADY_REPORT, GPUREADY_JSON, GPUREADY_PLOT)
+
+
+def is_worker(config: pytest.Config) -> bool:
+    """True in an xdist worker: it records, and leaves every report to the controller."""
+    return hasattr(config, "workerinput")
+
+
+def report_path(config: pytest.Config) -> Path | None:
+    """Where the JSON report goes (``--gpuready-report``, else the deprecated ``--gpuready-json``)."""
+    raw = GPUREADY_REPORT.get(config) or GPUREADY_JSON.get(config)
+    return Path(config.invocation_params.dir, os.path.expanduser(raw)) if raw else None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    s.add_settings(parser, REPORT_SETTINGS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    resolved = s.resolve_all(config, REPORT_SETTINGS)
+    new, old = resolved["gpuready_report"], resolved["gpuready_json"]
+    if new is not None and old is not None and new != old:
+        raise pytest.UsageError(f"--gpuready-json {old!r} and --gpuready-report {new!r} name two files for one "
+                                "report; give --gpuready-report alone")
+    if resolved["gpuready_plot"] is not None and not is_worker(config):
+        try:
+            import matplotlib  # noqa: F401  # the plot extra, checked before any test runs
+        except ImportError:
+            raise pytest.UsageError(
+                "--gpuready-plot needs matplotlib: pip install 'pytest-gpuready[plot]'") from None
+    if old is not None and new is None and not is_worker(config):
+        config.issue_config_time_warning(
+            DeprecationWarning("--gpuready-json is deprecated: use --gpuready-report PATH (the same document)"),
+            stacklevel=2)
+    if is_worker(config):
+        return
+    registry = config.stash.get(HOST_REGISTRY_KEY, None)
+    hosts = {name: {"name": name, "spec": str(session.spec)} for name, session in (registry or {}).items()}
+    if config.pluginmanager.get_plugin(_NAME) is None:
+        config.pluginmanager.register(ReportCollector(config, ReportData(hosts=hosts)), _NAME)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    plugin = config.pluginmanager.get_plugin(_NAME)
+    if plugin is not None:
+        config.pluginmanager.unregister(plugin)
+
+
+_NAME = "gpuready-report-collector"
+
+
+class ReportCollector:
+    """Gathers every test report's payload and writes the reports at the end of the session.
+
+    A plugin object per session (not module-level hooks), because ``pytest_runtest_logreport``
+    is not given the config, and a pytest run inside a pytest run (pytester) has two.
+    """
+
+    def __init__(self, config: pytest.Config, data: ReportData) -> None:
+        self.config = config
+        self.data = data
+        self.written: list[str] = []
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        message: str | None = None
+        if report.outcome in ("failed", "skipped"):
+            longrepr = report.longrepr
+            message = (str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3
+                       else report.longreprtext)
+        payload = getattr(report, PAYLOAD_ATTRIBUTE, None)
+        self.data.add(report.nodeid, report.when or "call", report.outcome, float(report.duration or 0.0),
+                      message, hasattr(report, "wasxfail"), payload if isinstance(payload, dict) else None)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        config = self.config
+        document = self.data.document(int(exitstatus))
+        path = report_path(config)
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_name(f".{path.name}.partial")
+            partial.write_text(json.dumps(document, indent=2) + "\n")
+            partial.replace(path)
+            self.written.append(f"gpuready: report written to {path}")
+        plot_dir = GPUREADY_PLOT.get(config)
+        if plot_dir is not None:
+            from pytest_gpuready.plugin.plots import save_plots
+
+            target = Path(config.invocation_params.dir, os.path.expanduser(plot_dir))
+            for saved in save_plots(document, target):
+                self.written.append(f"gpuready: plot {saved}")
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        config = self.config
+        # the lines fit 100 columns whatever the terminal (CI logs are read in browsers); the
+        # separators follow the terminal, up to 100
+        rule = min(MAX_WIDTH, config.get_terminal_writer().fullwidth)
+        hosts = [host_entry(state) for state in self.data.hosts.values()]
+        for title, lines in host_tables(hosts, GPU_MAX_USED_MIB.get(config), MAX_WIDTH):
+            terminalreporter.write_sep("=", title, fullwidth=rule)
+            for line in lines:
+                terminalreporter.write_line(line.text, red=line.dirty)
+        failures = failure_lines(hosts, self.data.failed_verdicts(), MAX_WIDTH)
+        if failures:
+            terminalreporter.write_sep("=", "gpuready: failed invariants", fullwidth=rule)
+            for line in failures:
+                terminalreporter.write_line(line.text, red=True)
+        for written in self.written:
+            terminalreporter.write_line(written)

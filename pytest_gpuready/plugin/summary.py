@@ -1,0 +1,130 @@
+"""The terminal summary: one GPU table per host, then one line per failed invariant.
+
+Rendered from the report's data (serialized snapshots and verdicts), so it reads the same with
+and without xdist. Every line fits ``width`` columns (at most 100): a GPU's memory is drawn as a
+bar, long names and process lists are cut with ``...``. :func:`host_tables` marks each row dirty
+or not; the caller paints dirty rows red (``--color=yes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MAX_WIDTH = 100
+BAR_WIDTH = 20
+
+
+@dataclass(frozen=True)
+class Line:
+    """A line of the summary and whether it shows something dirty (painted red)."""
+
+    text: str
+    dirty: bool = False
+
+
+def fit(text: str, width: int) -> str:
+    """``text`` cut to ``width`` columns, ending in ``...`` when cut."""
+    return text if len(text) <= width else text[: max(0, width - 3)] + "..."
+
+
+def bar(used: int, total: int, width: int = BAR_WIDTH) -> str:
+    """``[#####...............]``: the used share of ``total`` (a share of 1% or more shows at least one ``#``)."""
+    if total <= 0:
+        return "[" + "?" * width + "]"
+    share = min(used, total) / total
+    filled = round(width * share)
+    if filled == 0 and share >= 0.01:
+        filled = 1
+    return "[" + "#" * filled + "." * (width - filled) + "]"
+
+
+def _processes(processes: Sequence[Mapping[str, Any]], room: int) -> str:
+    """The processes on a GPU in ``room`` columns: whole entries, then ``+N more`` for the rest."""
+    parts = []
+    for process in processes:
+        mib = process.get("used_memory_mib")
+        gone = " (gone)" if process.get("alive") is False else ""
+        parts.append(f"{process.get('pid')} {process.get('name')} {mib if mib is not None else '?'} MiB{gone}")
+    if not parts:
+        return "-"
+    for shown in range(len(parts), 0, -1):
+        text = ", ".join(parts[:shown]) + (f", +{len(parts) - shown} more" if shown < len(parts) else "")
+        if len(text) <= room:
+            return text
+    return fit(parts[0], room)
+
+
+def gpu_rows(snapshot: Mapping[str, Any], max_used_mib: int, width: int = MAX_WIDTH) -> list[Line]:
+    """The table of one snapshot: ``GPU  Name  Used / Total MiB  [bar]  Processes``."""
+    gpus: Sequence[Mapping[str, Any]] = snapshot.get("gpus") or []
+    if not gpus:
+        return []
+    processes: Sequence[Mapping[str, Any]] = snapshot.get("processes") or []
+    name_width = min(30, max(len("Name"), *(len(str(g.get("name", ""))) for g in gpus)))
+    numbers = [f"{g.get('memory_used_mib')} / {g.get('memory_total_mib')}" for g in gpus]
+    number_width = max(len("Used / Total MiB"), *(len(n) for n in numbers))
+    head = (f"{'GPU':<3}  {'Name':<{name_width}}  {'Used / Total MiB':>{number_width}}  "
+            f"{'Memory':<{BAR_WIDTH + 2}}  Processes")
+    lines = [Line(fit(head, width))]
+    for gpu, number in zip(gpus, numbers, strict=True):
+        index = gpu.get("index")
+        on_gpu = [p for p in processes if p.get("gpu_index") == index]
+        used = int(gpu.get("memory_used_mib") or 0)
+        dirty = bool(on_gpu) or used > max_used_mib
+        row = (f"{index!s:<3}  {fit(str(gpu.get('name', '')), name_width):<{name_width}}  {number:>{number_width}}  "
+               f"{bar(used, int(gpu.get('memory_total_mib') or 0))}  ")
+        lines.append(Line(fit(row + _processes(on_gpu, width - len(row)), width), dirty))
+    return lines
+
+
+def host_title(host: Mapping[str, Any]) -> str:
+    snapshot = host.get("snapshot") or {}
+    parts = [f"gpuready: GPUs on {host.get('name')}"]
+    if host.get("driver_versions"):
+        parts.append(f"driver {', '.join(host['driver_versions'])}")
+    if snapshot.get("vllm_version"):
+        parts.append(f"vLLM {snapshot['vllm_version']}")
+    return ", ".join(parts) + " (last snapshot)"
+
+
+def host_tables(hosts: Iterable[Mapping[str, Any]], max_used_mib: int,
+                width: int = MAX_WIDTH) -> list[tuple[str, list[Line]]]:
+    """(title, lines) for every host with GPUs in its last snapshot."""
+    tables = []
+    for host in hosts:
+        snapshot = host.get("snapshot")
+        if not snapshot or not snapshot.get("gpus"):
+            continue
+        tables.append((host_title(host), gpu_rows(snapshot, max_used_mib, width)))
+    return tables
+
+
+def failure_lines(hosts: Iterable[Mapping[str, Any]], verdicts: Iterable[Mapping[str, Any]],
+                  width: int = MAX_WIDTH) -> list[Line]:
+    """One line per failed invariant (host, check, summary: first piece of evidence), and one per
+    host that could not be measured at all."""
+    lines = []
+    for host_entry in hosts:
+        error = str(host_entry.get("error") or "")
+        if error:
+            error = error.removeprefix(f"{host_entry.get('spec')}: ")
+            lines.append(Line(fit(f"{host_entry.get('name')}  not measured: {error}", width), True))
+    seen: set[tuple[Any, ...]] = set()
+    for verdict in verdicts:
+        if verdict.get("ok"):
+            continue
+        details = [str(d).strip() for d in verdict.get("details") or []]
+        key = (verdict.get("host"), verdict.get("name"), verdict.get("summary"))
+        if key in seen:  # the same invariant failing in several tests of one host: said once
+            continue
+        seen.add(key)
+        # the evidence (the first detail: GPU, MiB, pid; file; layer) says more in 100 columns than
+        # the summary, which repeats the host; the summary stands in when there are no details
+        evidence = details[0] if details else str(verdict.get("summary"))
+        more = f" (+{len(details) - 1} more)" if len(details) > 1 else ""
+        host = verdict.get("host") or "-"
+        text = f"{host}  {verdict.get('name')}: {fit(evidence, width - len(host) - 4 - len(more))}{more}"
+        lines.append(Line(fit(text, width), True))
+    return lines
