@@ -15,6 +15,8 @@
 #   3. the vllm tier (tests/vllm) with the tiny model, --enforce-eager --gpu-memory-utilization 0.3.
 # Everything lands in $OUT (default ./gpu-out), 7 files: summary.txt, host-facts.txt, gpu-tier.log,
 # gpu-report.json, watchdog.log, watchdog.json, vllm-tier.log.
+# GPUREADY_LIFECYCLE_PHASES=3 (or "1 2", ...) runs only those phases, e.g. the vllm tier alone in a
+# second call if the first one's budget ran out before it finished.
 set -u
 OUT=${OUT:-./gpu-out}
 mkdir -p "$OUT"
@@ -37,7 +39,11 @@ MODEL=${GPUREADY_GPU_MODEL:-/tmp/gpuready-llama-1b}
 export GPUREADY_GPU_MODEL=$MODEL GPUREADY_GPU_REPORT=$OUT/gpu-report.json
 say "model: random 1B Llama in $MODEL ($(du -sh "$MODEL" | cut -f1)), after $(( $(date +%s) - BEGAN )) s"
 
+PHASES=${GPUREADY_LIFECYCLE_PHASES:-1 2 3}
+want() { case " $PHASES " in *" $1 "*) return 0;; esac; return 1; }
+
 # 1. gpu tier, with the orphan story
+if want 1; then
 t=$(date +%s)
 timeout $(( $(left) > 200 ? 200 : $(left) )) python3 -m pytest tests/gpu -m gpu -v -p no:cacheprovider -rA -W default \
   > "$OUT/gpu-tier.log" 2>&1; rc=$?
@@ -57,18 +63,23 @@ print(f"  orphan story footprint: {fp.get('gpu_memory_mib')} MiB, log {fp.get('l
 if "release_s" in data:
     print(f"  torch allocation released {data['release_s']:.2f} s after SIGKILL")
 PY
+fi
 
 # 2. SIGKILL of pytest while its server holds the GPU
+if want 2; then
 t=$(date +%s)
 timeout $(( $(left) > 150 ? 150 : $(left) )) python3 benchmarks/bench_watchdog.py --server vllm --where local \
   --state ready --repeat 1 --model "$MODEL" --max-model-len 4096 \
   --vllm-args "--enforce-eager --gpu-memory-utilization 0.5" --json "$OUT/watchdog.json" > "$OUT/watchdog.log" 2>&1; rc=$?
 say "phase 2 SIGKILL of pytest with a ready 1B server on the GPU: rc=$rc in $(( $(date +%s) - t )) s"
 grep -E '^\| vllm' "$OUT/watchdog.log" | sed 's/^/  /' | tee -a "$OUT/summary.txt"
+fi
 
 # 3. the vllm tier on the GPU
 t=$(date +%s)
-if [ "$(left)" -gt 60 ]; then
+if ! want 3; then
+  :
+elif [ "$(left)" -gt 60 ]; then
   GPUREADY_VLLM_TIER_ARGS="--enforce-eager --gpu-memory-utilization 0.3" timeout "$(left)" \
     python3 -m pytest -m vllm tests/vllm -p no:cacheprovider -rA --durations=5 > "$OUT/vllm-tier.log" 2>&1; rc=$?
   say "phase 3 vllm tier: rc=$rc in $(( $(date +%s) - t )) s: $(grep -E '(passed|failed|error)' "$OUT/vllm-tier.log" | tail -1)"
