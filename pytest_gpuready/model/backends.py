@@ -12,7 +12,10 @@ each backend class in ``vllm/v1/attention/backends/mla/*.py`` (``supports_comput
 ``vllm/platforms/cuda.py`` ``_get_backend_priorities`` (0.17.0:L48-82, 0.33.0:L84-155); the
 reason strings and their order in ``vllm/v1/attention/backend.py`` ``validate_configuration``.
 Versions read: 0.11, 0.13, 0.15, 0.17, 0.18, 0.22, 0.28, 0.33; a rule that changed between two
-of those is dated by the later one.
+of those is dated by the later one. Re-read against 0.18-0.32 on 2026-12-01: TOKENSPEED_MLA
+exists from 0.21, FLASHINFER_MLA_SPARSE_SM120 and the SM12x branch from 0.24,
+FLASH_ATTN_MLA_SPARSE from 0.25, FLASHINFER_MLA_SPARSE_SM90 from 0.30 (they had been dated 0.28
+and 0.33); vLLM 0.32 itself checks this table in tests/vllm/test_rules_match_vllm.py.
 """
 
 from __future__ import annotations
@@ -129,41 +132,64 @@ MLA_BACKENDS: dict[str, MlaBackend] = {b.name: b for b in (
     ),
     MlaBackend(
         "FLASH_ATTN_MLA_SPARSE", frozenset({9}), (Versioned((0, 0), frozenset({"auto", "bfloat16"})),),
-        sparse=True, exists_since=(0, 33), source="vllm 0.33.0 backends/mla",
+        sparse=True, exists_since=(0, 25),
+        source="vllm/v1/attention/backends/mla/flashattn_mla_sparse.py (0.25+)",
     ),
     MlaBackend(
         "TOKENSPEED_MLA", frozenset({10}), (Versioned((0, 0), frozenset({"fp8", "fp8_e4m3"})),),
-        exists_since=(0, 33), source="vllm 0.33.0 backends/mla (needs the tokenspeed_mla package)",
+        exists_since=(0, 21),
+        source="vllm/v1/attention/backends/mla/tokenspeed_mla.py (0.21+; R1 dims and an FP8 KV cache only)",
     ),
     MlaBackend(
         "FLASHINFER_MLA_SPARSE_SM90", frozenset({9}), (Versioned((0, 0), _COMMON_FP8),),
-        sparse=True, exists_since=(0, 33), source="vllm 0.33.0 backends/mla",
+        sparse=True, exists_since=(0, 30),
+        source="vllm/v1/attention/backends/mla/flashinfer_mla_sparse_sm90.py (0.30+)",
     ),
     MlaBackend(
         "FLASHINFER_MLA_SPARSE_SM120", frozenset({12}),
         (Versioned((0, 0), frozenset({"auto", "fp8", "fp8_e4m3", "fp8_ds_mla"})),),
-        sparse=True, exists_since=(0, 28), source="vllm 0.28.0 / 0.33.0 backends/mla",
+        sparse=True, exists_since=(0, 24),
+        source="vllm/v1/attention/backends/mla/flashinfer_mla_sparse.py (0.24+; needs FlashInfer's sparse MLA decode)",
     ),
 )}
 
 
-def mla_priority(capability: tuple[int, int], version: VllmVersion | None) -> list[str]:
-    """The MLA backends vLLM tries, in order, on a GPU of ``capability`` (``_get_backend_priorities``).
+def mla_priority(capability: tuple[int, int], version: VllmVersion | None, *,
+                 kv_cache_dtype: str | None = None, num_heads: int | None = None,
+                 head_size: int | None = None) -> list[str]:
+    """The MLA backends vLLM tries, in order, on a GPU of ``capability`` (``_get_backend_priorities``
+    in ``vllm/platforms/cuda.py``; read in 0.15, 0.17, 0.18, 0.21, 0.23, 0.24, 0.25, 0.28, 0.30, 0.32,
+    0.33; a change between two of those is dated by the later one).
 
-    0.15-0.22 have two lists (SM10x, everything else); 0.28 adds an SM12x branch (0.23-0.27
-    were not read and are treated like 0.22); 0.33 adds TOKENSPEED_MLA and Hopper sparse backends.
+    - SM10x: ``FLASHINFER_MLA``, ``TOKENSPEED_MLA`` (0.21+), ``CUTLASS_MLA``, ``FLASH_ATTN_MLA``,
+      ``FLASHMLA``, ``TRITON_MLA``, then the sparse backends: ``FLASHMLA_SPARSE`` first, or
+      ``FLASHINFER_MLA_SPARSE`` first for <= 16 heads (0.17+) and for a quantized KV cache (0.21+).
+    - SM12x (0.24+): ``TRITON_MLA``, ``FLASHINFER_MLA_SPARSE_SM120``; before 0.24 SM12x took the
+      list below.
+    - Everything else: ``FLASH_ATTN_MLA``, ``FLASHMLA``, ``FLASHINFER_MLA``, ``TRITON_MLA``, then
+      ``FLASH_ATTN_MLA_SPARSE`` (0.25+), ``FLASHMLA_SPARSE``, ``FLASHINFER_MLA_SPARSE_SM90`` (0.30+;
+      first of the sparse ones when the head size is 512).
+
     An unknown version gets the newest list.
     """
     at = _at(version)
     major = capability[0]
-    if major == 12 and at >= (0, 28):
+    quantized_kv = kv_cache_dtype is not None and kv_cache_dtype not in ("auto", "bfloat16", "float16")
+    if major == 10:
+        names = ["FLASHINFER_MLA", "TOKENSPEED_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"]
+        flashinfer_first = ((at >= (0, 21) and quantized_kv)
+                            or (at >= (0, 17) and num_heads is not None and num_heads <= 16))
+        names += (["FLASHINFER_MLA_SPARSE", "FLASHMLA_SPARSE"] if flashinfer_first
+                  else ["FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE"])
+    elif major == 12 and at >= (0, 24):
         names = ["TRITON_MLA", "FLASHINFER_MLA_SPARSE_SM120"]
-    elif major == 10:
-        names = ["FLASHINFER_MLA", "CUTLASS_MLA", "TOKENSPEED_MLA", "FLASH_ATTN_MLA", "FLASHMLA",
-                 "TRITON_MLA", "FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE"]
     else:
-        names = ["FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA", "FLASHMLA_SPARSE",
-                 "FLASH_ATTN_MLA_SPARSE", "FLASHINFER_MLA_SPARSE_SM90"]
+        names = ["FLASH_ATTN_MLA", "FLASHMLA", "FLASHINFER_MLA", "TRITON_MLA", "FLASH_ATTN_MLA_SPARSE",
+                 "FLASHMLA_SPARSE"]
+        if head_size == 512:
+            names.insert(4, "FLASHINFER_MLA_SPARSE_SM90")
+        else:
+            names.append("FLASHINFER_MLA_SPARSE_SM90")
     return [n for n in names if at >= MLA_BACKENDS[n].exists_since]
 
 
@@ -207,8 +233,16 @@ def backend_reasons(backend: MlaBackend, *, capability: tuple[int, int], kv_cach
 
 def _combination_reason(backend: MlaBackend, capability: tuple[int, int], sparse: bool,
                         qk_nope_head_dim: int | None, at: Version) -> str | None:
-    if backend.dense_needs_hopper and not sparse and capability[0] != 9:
-        return "FlashMLA Dense is only supported on Hopper devices."
+    """``supports_combination`` of the backends that have one (read in 0.17-0.32)."""
+    if backend.name in ("FLASH_ATTN_MLA", "FLASH_ATTN_MLA_SPARSE") and capability[0] != 9:
+        return "FlashAttention MLA not supported on this device"  # flash_attn_supports_mla(): FA3 on SM90
+    if backend.name == "FLASHMLA":
+        if sparse:
+            if capability[0] not in (9, 10):
+                return "FlashMLA Sparse is only supported on Hopper and Blackwell DC devices."
+            return None
+        if capability[0] != 9:
+            return "FlashMLA Dense is only supported on Hopper devices."
     dims = backend.nope_dims_at(at)
     if dims is not None and qk_nope_head_dim is not None and qk_nope_head_dim not in dims:
         wanted = f"== {dims[0]}" if len(dims) == 1 else f"in {list(dims)}"
@@ -218,9 +252,13 @@ def _combination_reason(backend: MlaBackend, capability: tuple[int, int], sparse
 
 def select_mla_backend(*, capability: tuple[int, int], kv_cache_dtype: str, sparse: bool,
                        qk_nope_head_dim: int | None, version: VllmVersion | None,
-                       candidates: Sequence[str] | None = None) -> BackendChoice:
-    """Walk the priority list like vLLM's selector: the first backend with no reasons wins."""
-    tried = list(candidates) if candidates is not None else mla_priority(capability, version)
+                       candidates: Sequence[str] | None = None, num_heads: int | None = None,
+                       head_size: int | None = None) -> BackendChoice:
+    """Walk the priority list like vLLM's selector: the first backend with no reasons wins.
+
+    ``num_heads`` is the attention heads per GPU (it orders the SM10x sparse backends)."""
+    tried = list(candidates) if candidates is not None else mla_priority(
+        capability, version, kv_cache_dtype=kv_cache_dtype, num_heads=num_heads, head_size=head_size)
     reasons: dict[str, list[str]] = {}
     for name in tried:
         why = backend_reasons(MLA_BACKENDS[name], capability=capability, kv_cache_dtype=kv_cache_dtype,

@@ -566,14 +566,15 @@ def _capability(value: tuple[int, int] | str) -> tuple[int, int]:
 
 
 def _selector_config(model: ModelSpec, kv: str) -> str:
+    """The start of vLLM's ``AttentionSelectorConfig.__repr__`` (later versions append more fields)."""
     return (f"AttentionSelectorConfig(head_size={model.mla_head_size}, dtype=torch.{model.torch_dtype}, "
             f"kv_cache_dtype={kv}, block_size=None, use_mla=True, has_sink=False, "
-            f"use_sparse={model.is_sparse_mla})")
+            f"use_sparse={model.is_sparse_mla}, ...)")
 
 
 def check_mla_kv_backend(model: ModelSpec, compute_capability: tuple[int, int] | str | None,
                          kv_cache_dtype: str = "auto",
-                         vllm_version: VllmVersion | str | None = None) -> Verdict:
+                         vllm_version: VllmVersion | str | None = None, *, tp: int = 1) -> Verdict:
     """Is there an MLA attention backend for this GPU, KV-cache dtype and vLLM version?
 
     Walks vLLM's priority list for the architecture with the effective KV dtype and returns
@@ -599,14 +600,24 @@ def check_mla_kv_backend(model: ModelSpec, compute_capability: tuple[int, int] |
     evidence["gpu_arch"] = arch
     details = [f"KV-cache dtype: {kv.reason}"]
     if kv.is_fp8 and capability < MIN_FP8_CAPABILITY:
+        fallback = "float16" if capability < (8, 0) else "bfloat16"
+        if version is None or version.at_least(0, 26):
+            # TritonMLAImpl.__init__ (vllm/v1/attention/backends/mla/triton_mla.py, 0.26-0.33)
+            summary = (f"FP8 KV cache is not supported by the Triton MLA backend on {arch} (compute capability "
+                       f"{capability[0]}.{capability[1]}); native FP8 (fp8e4nv) requires SM89+. Re-run with "
+                       f"--kv-cache-dtype {fallback}.")
+        else:
+            summary = (f"an FP8 KV cache ({kv.name}) needs compute capability >= 8.9; this GPU is "
+                       f"{capability[0]}.{capability[1]} (vLLM {version} fails in the profile run: fp8e4nv data "
+                       "type is not supported on CUDA arch < 89)")
         return Verdict.failed(
-            f"{model.name} on {arch}: an FP8 KV cache ({kv.name}) needs compute capability >= 8.9; "
-            f"this GPU is {capability[0]}.{capability[1]}",
-            details=(*details, "what would work: --kv-cache-dtype bfloat16"),
+            f"{model.name} on {arch}: {summary}",
+            details=(*details, f"what would work: --kv-cache-dtype {fallback}"),
             evidence=evidence, rule_set=rule_set)
     choice = select_mla_backend(capability=capability, kv_cache_dtype=kv.name,
                                 sparse=model.is_sparse_mla, qk_nope_head_dim=model.qk_nope_head_dim,
-                                version=version)
+                                version=version, num_heads=max(1, model.num_attention_heads // max(1, tp)),
+                                head_size=model.mla_head_size)
     evidence.update({"backends_tried": list(choice.tried), "reasons": choice.reasons,
                      "backend": choice.chosen})
     if choice.chosen is not None:

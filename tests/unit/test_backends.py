@@ -26,12 +26,24 @@ def test_priority_lists_follow_cuda_py() -> None:
                                           "FLASHMLA_SPARSE"]
     assert mla_priority((10, 0), V017) == ["FLASHINFER_MLA", "CUTLASS_MLA", "FLASH_ATTN_MLA", "FLASHMLA",
                                            "TRITON_MLA", "FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE"]
-    # 0.17 has no SM12x branch: SM120 walks the generic list
+    # 0.17-0.23 have no SM12x branch: SM120 walks the generic list; 0.24 adds it
     assert mla_priority((12, 0), V017)[0] == "FLASH_ATTN_MLA"
-    assert mla_priority((12, 0), V028) == ["TRITON_MLA", "FLASHINFER_MLA_SPARSE_SM120"]
-    assert "TOKENSPEED_MLA" in mla_priority((10, 0), V033)
-    assert "TOKENSPEED_MLA" not in mla_priority((10, 0), V028)
+    assert mla_priority((12, 0), parse_vllm_version("0.23.0"))[0] == "FLASH_ATTN_MLA"
+    assert mla_priority((12, 0), parse_vllm_version("0.24.0")) == ["TRITON_MLA", "FLASHINFER_MLA_SPARSE_SM120"]
     assert mla_priority((12, 1), None) == ["TRITON_MLA", "FLASHINFER_MLA_SPARSE_SM120"]
+    # TOKENSPEED_MLA is listed from 0.21 (not 0.33), behind FLASHINFER_MLA
+    assert "TOKENSPEED_MLA" not in mla_priority((10, 0), V018)
+    assert mla_priority((10, 0), parse_vllm_version("0.21.0"))[:3] == ["FLASHINFER_MLA", "TOKENSPEED_MLA",
+                                                                       "CUTLASS_MLA"]
+    # the Hopper sparse tail: FLASH_ATTN_MLA_SPARSE from 0.25, FLASHINFER_MLA_SPARSE_SM90 from 0.30
+    assert mla_priority((9, 0), parse_vllm_version("0.24.0"))[4:] == ["FLASHMLA_SPARSE"]
+    assert mla_priority((9, 0), V028)[4:] == ["FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE"]
+    assert mla_priority((9, 0), parse_vllm_version("0.32.0"))[4:] == [
+        "FLASH_ATTN_MLA_SPARSE", "FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE_SM90"]
+    # SM10x sparse: FlashInfer first for a quantized KV cache (0.21+) or <= 16 heads per GPU (0.17+)
+    assert mla_priority((10, 0), V033, kv_cache_dtype="fp8")[-2:] == ["FLASHINFER_MLA_SPARSE", "FLASHMLA_SPARSE"]
+    assert mla_priority((10, 0), V033, num_heads=16)[-2:] == ["FLASHINFER_MLA_SPARSE", "FLASHMLA_SPARSE"]
+    assert mla_priority((10, 0), V033, num_heads=64)[-2:] == ["FLASHMLA_SPARSE", "FLASHINFER_MLA_SPARSE"]
 
 
 def test_every_backend_names_its_source() -> None:
@@ -80,7 +92,8 @@ def test_selection_and_reasons_text() -> None:
                                 qk_nope_head_dim=128, version=V017)
     assert choice.chosen is None
     assert choice.reasons_text().startswith("{FLASH_ATTN_MLA: [kv_cache_dtype not supported, compute capability "
-                                            "not supported], FLASHMLA: [")
+                                            "not supported, FlashAttention MLA not supported on this device], "
+                                            "FLASHMLA: [")
     hopper = select_mla_backend(capability=(9, 0), kv_cache_dtype="bfloat16", sparse=False,
                                 qk_nope_head_dim=128, version=V017)
     assert hopper.chosen == "FLASH_ATTN_MLA"
@@ -113,3 +126,15 @@ def test_parse_gpu_arch_rejects(text: str) -> None:
 
 def test_kv_cache_dtypes_include_vllms_017_choices() -> None:
     assert {"auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"} <= set(KV_CACHE_DTYPES)
+
+
+def test_combination_reasons_read_in_vllm_032() -> None:
+    # flash_attn_supports_mla() is FA3 on SM90; FlashMLA's sparse kernel runs on Hopper and Blackwell DC
+    v032 = parse_vllm_version("0.32.0")
+    assert backend_reasons(MLA_BACKENDS["FLASH_ATTN_MLA"], capability=(8, 0), kv_cache_dtype="auto", sparse=True,
+                           qk_nope_head_dim=128, version=v032) == [
+        "sparse not supported", "compute capability not supported", "FlashAttention MLA not supported on this device"]
+    assert backend_reasons(MLA_BACKENDS["FLASHMLA"], capability=(8, 9), kv_cache_dtype="auto", sparse=True,
+                           qk_nope_head_dim=128, version=v032) == [
+        "sparse not supported", "compute capability not supported",
+        "FlashMLA Sparse is only supported on Hopper and Blackwell DC devices."]

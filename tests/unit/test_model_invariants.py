@@ -324,8 +324,9 @@ def test_kimi_nvfp4_on_sm120_fails_before_vllm_018() -> None:
     assert verdict.summary == (
         "Kimi-K2.5-NVFP4 on SM120 with KV cache fp8_e4m3: No valid attention backend found for cuda with "
         "AttentionSelectorConfig(head_size=576, dtype=torch.bfloat16, kv_cache_dtype=fp8_e4m3, block_size=None, "
-        "use_mla=True, has_sink=False, use_sparse=False). Reasons: {FLASH_ATTN_MLA: [kv_cache_dtype not "
-        "supported, compute capability not supported], FLASHMLA: [compute capability not supported, FlashMLA "
+        "use_mla=True, has_sink=False, use_sparse=False, ...). Reasons: {FLASH_ATTN_MLA: [kv_cache_dtype not "
+        "supported, compute capability not supported, FlashAttention MLA not supported on this device], "
+        "FLASHMLA: [compute capability not supported, FlashMLA "
         "Dense is only supported on Hopper devices.], FLASHINFER_MLA: [compute capability not supported], "
         "TRITON_MLA: [kv_cache_dtype not supported], FLASHMLA_SPARSE: [kv_cache_dtype not supported, "
         "non-sparse not supported, compute capability not supported]}.")
@@ -365,10 +366,14 @@ def test_deepseek_on_sm100_uses_flashinfer() -> None:
 
 
 def test_fp8_kv_on_ampere() -> None:
+    # vLLM 0.32 on an emulated SM80 raises exactly this (tests/vllm/test_rules_match_vllm.py)
     verdict = check_mla_kv_backend(DEEPSEEK, (8, 0), "fp8")
-    assert verdict.summary == ("DeepSeek-V3 on SM80: an FP8 KV cache (fp8) needs compute capability >= 8.9; "
-                               "this GPU is 8.0")
+    assert verdict.summary == ("DeepSeek-V3 on SM80: FP8 KV cache is not supported by the Triton MLA backend on "
+                               "SM80 (compute capability 8.0); native FP8 (fp8e4nv) requires SM89+. Re-run with "
+                               "--kv-cache-dtype bfloat16.")
     assert verdict.details[-1] == "what would work: --kv-cache-dtype bfloat16"
+    older = check_mla_kv_backend(DEEPSEEK, (8, 0), "fp8", "0.22.0")
+    assert older.summary.startswith("DeepSeek-V3 on SM80: an FP8 KV cache (fp8) needs compute capability >= 8.9")
 
 
 def test_triton_mla_fp8_before_013_raises_at_init() -> None:

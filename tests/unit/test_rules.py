@@ -186,10 +186,12 @@ def test_sparse_mla_has_no_backend_before_hopper(capability: tuple[int, int]) ->
     assert "TRITON_MLA: [sparse not supported]" in verdict.summary
 
 
-def test_sparse_mla_on_hopper_uses_flashmla_sparse() -> None:
+def test_sparse_mla_on_hopper() -> None:
+    # 0.25+ tries FLASH_ATTN_MLA_SPARSE before FLASHMLA_SPARSE on Hopper
     verdict = check_attention_backend(DSV32, Layout(tp=8), (9, 0), "0.32.0")
     assert verdict.ok, verdict.message
-    assert verdict.evidence["backend"] == "FLASHMLA_SPARSE"
+    assert verdict.evidence["backend"] == "FLASH_ATTN_MLA_SPARSE"
+    assert check_attention_backend(DSV32, Layout(tp=8), (9, 0), "0.24.0").evidence["backend"] == "FLASHMLA_SPARSE"
 
 
 def test_mla_without_a_gpu_is_undecided() -> None:

@@ -26,6 +26,6 @@ def check_attention_backend(model: ModelSpec, layout: Layout, capability: Capabi
         kind = "sparse MLA" if model.is_sparse_mla else "MLA"
         return Verdict.undecided(f"{model.name} uses {kind}: which backend vLLM has for it depends on the GPU",
                                  needs=NEEDS_CAPABILITY)
-    verdict = check_mla_kv_backend(model, cap, layout.kv_cache_dtype, vllm_version)
+    verdict = check_mla_kv_backend(model, cap, layout.kv_cache_dtype, vllm_version, tp=layout.tp)
     layers = attention_layers(model)
     return staged(verdict, BUILD, layers[0] if len(layers) else 0, 1)
