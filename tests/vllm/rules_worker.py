@@ -56,7 +56,12 @@ def main(argv: list[str]) -> int:
     with open(argv[2]) as handle:
         cases = json.load(handle)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    if argv[1] != "real":
+    if argv[1] == "real":
+        # a real GPU build: only the GPU count is stood in (8, like the emulated runs), so TP=8
+        # layouts are built on a 1-GPU machine; tensors still go to the meta device
+        from vllm.platforms import current_platform
+        type(current_platform).device_count = classmethod(lambda cls: 8)  # type: ignore[assignment]
+    else:
         from tests.vllm.emulated_gpu import install
         major, minor = (int(part) for part in argv[1].split("."))
         install((major, minor))
