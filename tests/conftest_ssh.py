@@ -35,7 +35,7 @@ FLEET_PORTS = 3
 def loopback_fleet() -> Iterator[LoopbackSshd]:
     """A real sshd on :data:`FLEET_PORTS` loopback ports, each a "host" with its own stand-in scenario."""
     try:
-        with start_loopback_sshd(ports=FLEET_PORTS) as server:
+        with start_loopback_sshd(ports=FLEET_PORTS, extra_config=("LogLevel VERBOSE",)) as server:
             yield server
     except SshdUnavailable as exc:
         pytest.skip(str(exc))

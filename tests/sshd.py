@@ -152,6 +152,25 @@ class LoopbackSshd:
         """How many ssh connections sshd has authenticated since it started (one log line each)."""
         return _read(Path(self.log_path)).count("Accepted publickey")
 
+    def accepted_by_port(self) -> dict[int, int]:
+        """Authenticated connections per server port: which "host" of a fleet each one went to.
+
+        Needs ``LogLevel VERBOSE`` (``extra_config``), whose ``Connection from C port P on S port Q``
+        lines say which port a client connection came in on; without it this is empty.
+        """
+        port_of_client: dict[int, int] = {}
+        counts: dict[int, int] = {}
+        for line in _read(Path(self.log_path)).splitlines():
+            words = line.split()
+            if line.startswith("Connection from ") and len(words) >= 9 and words[5] == "on":
+                port_of_client[int(words[4])] = int(words[8])
+            elif line.startswith("Accepted publickey for ") and "port" in words:
+                client = int(words[words.index("port") + 1])
+                if client in port_of_client:
+                    server = port_of_client[client]
+                    counts[server] = counts.get(server, 0) + 1
+        return counts
+
     def pytest_args(self) -> list[str]:
         """Command-line options that point the plugin at this server."""
         args = ["--gpu-host", self.spec, "--ssh-identity", self.identity_file]

@@ -8,11 +8,10 @@ is what a test id and a report show: ``gpu-box-7`` for ``root@gpu-box-7``, ``10.
 
 from __future__ import annotations
 
-import os
-import stat
 from collections.abc import Sequence
 
 from pytest_gpuready.errors import HostSpecError
+from pytest_gpuready.files import FileRefused, read_text_bounded
 from pytest_gpuready.host.hosts import HostSpec, parse_host_spec
 
 MAX_HOSTS_FILE_BYTES = 1 << 20
@@ -44,24 +43,12 @@ def parse_hosts_text(text: str, source: str) -> tuple[HostSpec, ...]:
 
 
 def read_hosts_file(path: str) -> tuple[HostSpec, ...]:
-    """Read and parse a hosts file; a missing, non-regular, oversized or non-UTF-8 file is one clear error."""
+    """Read and parse a hosts file; a missing, non-regular, oversized or non-UTF-8 file is one clear error
+    (read through :mod:`pytest_gpuready.files`: a FIFO is never opened, at most 1 MiB is read)."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        raise HostSpecError(f"{path}: cannot be read: {exc.strerror or exc}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise HostSpecError(f"{path}: expected a regular file of host specs, one a line")
-        data = os.read(fd, MAX_HOSTS_FILE_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_HOSTS_FILE_BYTES:
-        raise HostSpecError(f"{path}: larger than {MAX_HOSTS_FILE_BYTES >> 20} MiB; expected host specs, one a line")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise HostSpecError(f"{path}: not UTF-8 text (byte {exc.start}); expected host specs, one a line") from None
+        text = read_text_bounded(path, MAX_HOSTS_FILE_BYTES, "hosts file")
+    except FileRefused as exc:
+        raise HostSpecError(str(exc)) from None
     specs = parse_hosts_text(text, path)
     if not specs:
         raise HostSpecError(f"{path}: lists no host; expected host specs, one a line")

@@ -25,7 +25,7 @@ from pytest_gpuready.host.checks import (
 )
 from pytest_gpuready.host.host_list import display_names, merge_hosts, read_hosts_file
 from pytest_gpuready.host.hosts import Host, HostSpec, parse_host_spec, validate_ssh_option
-from pytest_gpuready.host.probe import READERS
+from pytest_gpuready.host.probe import DEFAULT_PROBE_TIMEOUT_S, READERS
 from pytest_gpuready.host.shm import remove_leftovers, shm_display_name
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.plugin import settings as s
@@ -107,6 +107,13 @@ SSH_CONNECT_TIMEOUT = s.Setting(
     "ssh_connect_timeout", "--ssh-connect-timeout", "GPUREADY_SSH_CONNECT_TIMEOUT", "ssh_connect_timeout",
     "Seconds to wait for an ssh connection (default 10).", s.parse_positive_float, 10.0, metavar="SECONDS",
 )
+GPU_PROBE_TIMEOUT = s.Setting(
+    "gpu_probe_timeout", "--gpu-probe-timeout", "GPUREADY_GPU_PROBE_TIMEOUT", "gpu_probe_timeout",
+    f"Seconds each part of a host probe (an nvidia-smi query, the /dev/shm listing) may take; one that "
+    f"has not answered is killed with what it started, on the host too, and named in the error "
+    f"(default {DEFAULT_PROBE_TIMEOUT_S:g}).",
+    s.parse_positive_float, DEFAULT_PROBE_TIMEOUT_S, metavar="SECONDS",
+)
 SHM_MIN_FREE_MIB = s.Setting(
     "shm_min_free_mib", "--shm-min-free-mib", "GPUREADY_SHM_MIN_FREE_MIB", "shm_min_free_mib",
     f"Free space /dev/shm must have (default {DEFAULT_SHM_MIN_FREE_MIB}).",
@@ -120,7 +127,7 @@ SHM_REMOVE_LEFTOVERS = s.Setting(
 
 HOST_SETTINGS: tuple[s.Setting[Any], ...] = (
     GPU_HOST, GPU_HOSTS_FILE, GPU_IDS, GPU_MAX_USED_MIB, GPU_READER, SSH_IDENTITY, SSH_OPTIONS, SSH_CONNECT_TIMEOUT,
-    SHM_MIN_FREE_MIB, SHM_REMOVE_LEFTOVERS,
+    GPU_PROBE_TIMEOUT, SHM_MIN_FREE_MIB, SHM_REMOVE_LEFTOVERS,
 )
 
 MARKERS = (
@@ -179,6 +186,7 @@ def pytest_configure(config: pytest.Config) -> None:
             identity_file=resolved["ssh_identity"],
             ssh_options=resolved["ssh_options"],
             connect_timeout=resolved["ssh_connect_timeout"],
+            probe_timeout=resolved["gpu_probe_timeout"],
             name=name,
         )
         for spec, name in zip(specs, display_names(specs), strict=True)

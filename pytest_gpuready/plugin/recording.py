@@ -89,7 +89,8 @@ def record_verdict(item: pytest.Item, name: str, verdict: Verdict) -> None:
     item.stash.setdefault(_ENTRIES_KEY, []).append(("verdicts", plain(entry)))
 
 
-def _host_state(session: HostSession, worker: str | None) -> dict[str, Any]:
+def host_state(session: HostSession, worker: str | None) -> dict[str, Any]:
+    """What the report says of a host: its last snapshot (or why there is none)."""
     latest = session.latest
     error = session.last_error
     return {
@@ -109,7 +110,7 @@ def _changed_hosts(config: pytest.Config, worker: str | None) -> list[dict[str, 
     for session in (registry or {}).values():
         if session.snapshots_taken != sent.get(session.display_name, 0):
             sent[session.display_name] = session.snapshots_taken
-            changed.append(_host_state(session, worker))
+            changed.append(host_state(session, worker))
     return changed
 
 

@@ -20,7 +20,7 @@ import pytest
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_fixtures import GPU_MAX_USED_MIB
 from pytest_gpuready.plugin.host_session import HOST_REGISTRY_KEY
-from pytest_gpuready.plugin.recording import PAYLOAD_ATTRIBUTE
+from pytest_gpuready.plugin.recording import PAYLOAD_ATTRIBUTE, host_state
 from pytest_gpuready.plugin.report_document import ReportData, host_entry
 from pytest_gpuready.plugin.summary import MAX_WIDTH, failure_lines, host_tables
 
@@ -117,6 +117,11 @@ class ReportCollector:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         config = self.config
+        # Hosts this process probed itself (the header, without xdist) count even when no test
+        # report carried them (every test deselected, or a collection error).
+        for host in (config.stash.get(HOST_REGISTRY_KEY, None) or {}).values():
+            if host.snapshots_taken and "snapshots_taken" not in self.data.hosts.get(host.display_name, {}):
+                self.data.add_host_state(host_state(host, None))
         document = self.data.document(int(exitstatus))
         path = report_path(config)
         if path is not None:

@@ -91,11 +91,11 @@ class ReportData:
             for section, entry in payload.get("entries") or []:
                 self.sections.setdefault(str(section), []).append(entry)
             for state in payload.get("hosts") or []:
-                self._update_host(state)
+                self.add_host_state(state)
         cut = message[:MAX_MESSAGE_CHARS] if message is not None else None
         test.add_phase(when, outcome, duration, cut, xfail)
 
-    def _update_host(self, state: dict[str, Any]) -> None:
+    def add_host_state(self, state: dict[str, Any]) -> None:
         """Keep a host's latest state: a snapshot taken later wins (workers may probe the same host)."""
         name = str(state.get("name"))
         known = self.hosts.setdefault(name, {"name": name, "spec": state.get("spec")})

@@ -143,3 +143,18 @@ def test_no_report_is_written_unless_asked(pytester: pytest.Pytester, standin: S
     result.assert_outcomes(passed=2)
     assert "report written" not in result.stdout.str()
     assert list(pytester.path.glob("*.json")) == []
+
+
+def test_a_host_probed_for_the_header_is_in_the_report_when_no_test_runs(
+        pytester: pytest.Pytester, standin: Standin) -> None:
+    standin("h200-idle")
+    path = pytester.path / "report.json"
+    result = pytester.runpytest("--pyargs", "pytest_gpuready.preflight.test_host", "-k", "no_such_test",
+                                "-p", "no:cacheprovider", f"--gpuready-report={path}")
+    assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
+    document = json.loads(path.read_text())
+    validate(document)
+    assert document["tests"] == []
+    [host] = document["hosts"]
+    assert host["probed"] is True
+    assert host["snapshot"]["gpus"][0]["name"] == "NVIDIA H200"

@@ -13,7 +13,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
+from tests.report_schema import validate
 from tests.vllm.conftest import API_SERVER_COMMAND
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -26,9 +28,11 @@ def test_tiny_cpu_example_launches_measures_and_tears_down(
     monkeypatch.setenv("GPUREADY_EXAMPLE_MODEL", str(tiny_model_dir))
     junit = pytester.path / "junit.xml"
     report = pytester.path / "figures.json"
+    plots = pytester.path / "plots"
     result = pytester.runpytest_subprocess(
         "-p", "pytest_gpuready.plugin.server_fixtures", "--vllm-cmd", API_SERVER_COMMAND,
-        f"--junitxml={junit}", f"--gpuready-report={report}", "-p", "no:cacheprovider", "-rA",
+        f"--junitxml={junit}", f"--gpuready-report={report}", f"--gpuready-plot={plots}",
+        "-p", "no:cacheprovider", "-rA",
     )
     result.assert_outcomes(passed=3)
     assert result.ret == 0
@@ -58,3 +62,11 @@ def test_tiny_cpu_example_launches_measures_and_tears_down(
         "output_throughput_c8": True,
     }
     assert [b["levels"][0]["max_concurrency"] for b in figures["benchmarks"]] == [1, 8]
+    validate(figures)
+    assert {b["host"] for b in figures["benchmarks"]} == {"local"}
+    assert all(b["test"].startswith("test_tiny_cpu.py::") for b in figures["benchmarks"])
+    # a real benchmark's throughput plot (a CPU server has no GPU memory to plot)
+    assert sorted(p.name for p in plots.iterdir()) == ["throughput.png"]
+    with Image.open(plots / "throughput.png") as image:
+        assert image.size == (1200, 480)
+        assert len(image.convert("RGB").getcolors(maxcolors=1200 * 480) or []) > 50

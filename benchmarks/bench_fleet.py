@@ -1,0 +1,245 @@
+"""Benchmark: the host preflight of a fleet of N hosts, sequential and with ``-n 4``, in one run.
+
+The fleet is one real OpenSSH server on 127.0.0.1 listening on N ports (tests/sshd.py); each
+port is a "host" with its own stand-in GPU scenario (the labelled stand-in ``nvidia-smi`` replays
+real captures: an idle H200, an H200 held by a process, an idle and a loaded 8-GPU box, in turn).
+For N = 1, 4, 16 it runs, as a user would,
+
+    python -m pytest --pyargs pytest_gpuready.preflight.test_host --gpu-hosts-file FLEET [-n 4]
+
+and reports the median wall time of the whole run and the ssh connections each host's sshd port
+accepted per run (from sshd's VERBOSE log: which port each authenticated connection came in on).
+
+Loopback has no network delay, and on a 2-core machine the run is CPU-bound (ssh client, sshd,
+the remote shell and the stand-in all share the cores). With ``--rtt-ms`` each host is reached
+through its own delaying TCP relay (``benchmarks.bench_preflight_ssh.DelayRelay``: every chunk
+held back RTT/2 per direction), a modelled network between a CI runner and the GPU servers,
+labelled as such.
+
+Run:  python benchmarks/bench_fleet.py [--repeat 3] [--hosts 1,4,16] [--rtt-ms 0,100] [--write-docs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.bench_preflight_ssh import DelayRelay  # noqa: E402
+from benchmarks.perf_docs import machine, replace_section  # noqa: E402
+from tests.sshd import LoopbackSshd, loopback_sshd  # noqa: E402
+
+SCENARIOS = ("h200-idle", "h200-one-process", "rtx8-clean", "rtx8-tp4-loaded")
+SECTION = "## Preflight of a fleet"
+COMMAND = "python benchmarks/bench_fleet.py --repeat 3 --hosts 1,4,16 --rtt-ms 0,100 --write-docs"
+WORKERS = 4
+
+
+@dataclass(frozen=True)
+class Run:
+    wall_s: float
+    connections_per_host: tuple[int, ...]
+    exit_code: int
+
+
+@dataclass(frozen=True)
+class Case:
+    hosts: int
+    rtt_ms: float
+    workers: int
+    runs: tuple[Run, ...]
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(r.wall_s for r in self.runs)
+
+    @property
+    def spread(self) -> str:
+        return f"{min(r.wall_s for r in self.runs):.2f}-{max(r.wall_s for r in self.runs):.2f}"
+
+    @property
+    def connections(self) -> str:
+        """``1`` when every host saw one connection in every run, else the range seen."""
+        seen = {c for r in self.runs for c in r.connections_per_host}
+        return str(seen.pop()) if len(seen) == 1 else f"{min(seen)}-{max(seen)}"
+
+
+@contextlib.contextmanager
+def routes(server: LoopbackSshd, ports: tuple[int, ...], rtt_ms: float) -> Iterator[tuple[list[int], Path]]:
+    """The ports to dial for each host (sshd's own, or a relay in front of each) and a known_hosts
+    file that names the host key under every one of them."""
+    with contextlib.ExitStack() as stack:
+        if rtt_ms > 0:
+            relays = [stack.enter_context(DelayRelay(port, rtt_ms / 1000)) for port in ports]
+            dialled = [relay.port for relay in relays]
+        else:
+            dialled = list(ports)
+        known = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="gpuready-fleet-"))) / "known_hosts"
+        known.write_text("".join(f"[127.0.0.1]:{port} {server.host_public_key}\n" for port in dialled))
+        yield dialled, known
+
+
+def run_preflight(server: LoopbackSshd, hosts_file: Path, known: Path, ports: tuple[int, ...],
+                  workers: int, workdir: Path) -> Run:
+    argv = [sys.executable, "-m", "pytest", "--pyargs", "pytest_gpuready.preflight.test_host",
+            "--gpu-hosts-file", str(hosts_file), "--ssh-identity", server.identity_file,
+            "--ssh-option", f"UserKnownHostsFile={known}", "--ssh-option", "StrictHostKeyChecking=yes",
+            "-p", "no:cacheprovider", "-q", "--no-header", "-W", "ignore::pytest_gpuready.errors.GpuReadyWarning"]
+    if workers:
+        argv += ["-n", str(workers)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUREADY_")}
+    before = server.accepted_by_port()
+    started = time.perf_counter()
+    proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True, check=False, timeout=900)
+    wall = time.perf_counter() - started
+    after = server.accepted_by_port()
+    if proc.returncode not in (0, 1):  # 1: the held H200 and the loaded box fail gpus_clean, as they should
+        raise SystemExit(f"the preflight run failed to run (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    if "could not be read" in proc.stdout or "ssh failed" in proc.stdout:
+        raise SystemExit(f"a host was not measured:\n{proc.stdout}")
+    return Run(wall, tuple(after.get(p, 0) - before.get(p, 0) for p in ports), proc.returncode)
+
+
+def measure(server: LoopbackSshd, count: int, rtt_ms: float, repeat: int, workdir: Path) -> tuple[Case, Case]:
+    """Sequential and -n 4 for the first ``count`` hosts, alternating so that machine load hits both."""
+    ports = server.ports[:count]
+    with routes(server, ports, rtt_ms) as (dialled, known):
+        hosts_file = workdir / f"fleet-{count}-{rtt_ms:g}.txt"
+        hosts_file.write_text("".join(f"ssh://{server.user}@127.0.0.1:{port}\n" for port in dialled))
+        run_preflight(server, hosts_file, known, ports, 0, workdir)  # warm the page cache and python
+        runs: dict[int, list[Run]] = {0: [], WORKERS: []}
+        for _ in range(repeat):
+            for workers in (0, WORKERS):
+                runs[workers].append(run_preflight(server, hosts_file, known, ports, workers, workdir))
+    return (Case(count, rtt_ms, 0, tuple(runs[0])), Case(count, rtt_ms, WORKERS, tuple(runs[WORKERS])))
+
+
+def table(pairs: list[tuple[Case, Case]]) -> str:
+    lines = ["| network | hosts | sequential: median s (min-max) | `-n 4`: median s (min-max) | sequential / `-n 4` "
+             "| ssh connections per host per run (sequential, `-n 4`) |",
+             "|---|---|---|---|---|---|"]
+    for seq, par in pairs:
+        network = "loopback (measured)" if seq.rtt_ms == 0 else f"{seq.rtt_ms:g} ms RTT (modelled: delaying relay)"
+        lines.append(f"| {network} | {seq.hosts} | {seq.median_s:.2f} ({seq.spread}) | {par.median_s:.2f} "
+                     f"({par.spread}) | **{seq.median_s / par.median_s:.2f}x** | {seq.connections}, "
+                     f"{par.connections} |")
+    return "\n".join(lines)
+
+
+def per_host_cost(pairs: list[tuple[Case, Case]], rtt_ms: float) -> tuple[float, float, float, float] | None:
+    """(fixed s, s per host) of sequential runs and of -n 4 runs, from the 1-host and largest-fleet rows."""
+    rows = sorted((p for p in pairs if p[0].rtt_ms == rtt_ms), key=lambda p: p[0].hosts)
+    if len(rows) < 2 or rows[0][0].hosts == rows[-1][0].hosts:
+        return None
+    (s1, p1), (sn, pn) = rows[0], rows[-1]
+    hosts = sn.hosts - s1.hosts
+    seq_slope = (sn.median_s - s1.median_s) / hosts
+    par_slope = (pn.median_s - p1.median_s) / hosts
+    return s1.median_s - seq_slope * s1.hosts, seq_slope, p1.median_s - par_slope * p1.hosts, par_slope
+
+
+def _list(text: str, kind: type) -> tuple[float, ...]:
+    try:
+        values = tuple(kind(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated numbers") from None
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers >= 0")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per case (median reported)")
+    parser.add_argument("--hosts", type=lambda t: _list(t, int), default=(1, 4, 16), help="fleet sizes, e.g. 1,4,16")
+    parser.add_argument("--rtt-ms", type=lambda t: _list(t, float), default=(0.0, 100.0),
+                        help="round-trip times to model, ms (0: loopback as it is)")
+    parser.add_argument("--write-docs", action="store_true", help=f"update '{SECTION}' in docs/performance.md")
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    sizes = sorted({int(h) for h in args.hosts if h >= 1})
+    load_before = os.getloadavg()[0]
+    pairs: list[tuple[Case, Case]] = []
+    with tempfile.TemporaryDirectory(prefix="gpuready-bench-fleet-") as tmp, \
+            loopback_sshd(ports=max(sizes), extra_config=("LogLevel VERBOSE",)) as server, \
+            contextlib.ExitStack() as scenarios:
+        for index, port in enumerate(server.ports):
+            scenarios.enter_context(server.use_scenario(SCENARIOS[index % len(SCENARIOS)], port=port))
+        for rtt_ms in args.rtt_ms:
+            for count in sizes:
+                pairs.append(measure(server, count, rtt_ms, args.repeat, Path(tmp)))
+                print(table(pairs[-1:]).splitlines()[-1], flush=True)
+    load_after = os.getloadavg()[0]
+    largest = max(sizes)
+    notes = []
+    for rtt_ms in args.rtt_ms:
+        cost = per_host_cost(pairs, rtt_ms)
+        if cost is None:
+            continue
+        seq_fixed, seq_slope, par_fixed, par_slope = cost
+        label = "loopback" if rtt_ms == 0 else f"{rtt_ms:g} ms RTT"
+        limit = seq_slope / par_slope if par_slope > 0 else float("inf")
+        notes.append(f"{label}: sequential = {seq_fixed:.2f} s + {seq_slope:.3f} s per host; `-n 4` = "
+                     f"{par_fixed:.2f} s + {par_slope:.3f} s per host, so the speed-up tends to "
+                     f"{limit:.1f}x for large fleets")
+    big = [(s, p) for s, p in pairs if s.hosts == largest]
+    met = [s.rtt_ms for s, p in big if s.median_s / p.median_s >= 3]
+    one_each = all(c.connections == "1" for pair in pairs for c in pair)
+    body = "\n".join([
+        SECTION,
+        "",
+        "The host preflight (`pytest --pyargs pytest_gpuready.preflight.test_host --gpu-hosts-file FLEET`) of "
+        "a fleet of N hosts, sequential and with `-n 4` (pytest-xdist; the plugin's scheduler puts each "
+        "host's tests on one worker). The hosts are N ports of one real OpenSSH server on 127.0.0.1, each "
+        "replaying its own stand-in GPU scenario (idle H200, held H200, idle and loaded 8-GPU box, in turn). "
+        "Wall time is the whole pytest run, start-up included; connections are counted per host from "
+        "sshd's log.",
+        "",
+        f"Command: `{COMMAND}`  ",
+        f"Machine: {machine()}; shared with other work: load average {load_before:.1f} before the run, "
+        f"{load_after:.1f} after.",
+        "",
+        table(pairs),
+        "",
+        f"Medians of {args.repeat} runs per case, sequential and `-n 4` alternating, after one warm-up run.",
+        "",
+        "Reading it: " + "; ".join(notes) + "." if notes else "",
+        "",
+        "On loopback the fleet is CPU-bound: every host costs an ssh handshake, sshd's session, a remote "
+        "shell and three runs of the stand-in `nvidia-smi` (a Python script), all on this machine's "
+        "cores, and `-n 4` adds four pytest workers that each import pytest and collect the suite. With "
+        "2 cores, 4 workers cannot do more than about 2 hosts' work at once, so on loopback `-n 4` gains "
+        "at most about 2x whatever the fleet size. Between a CI runner and real GPU servers a host's "
+        "preflight is mostly waiting (connection set-up is several round trips, the probe one more): "
+        "the modelled-RTT rows show that time overlapping across the 4 workers, so the gain climbs "
+        "toward 4x as the fleet grows.",
+        "",
+        f"Targets: `-n 4` at least 3x faster than sequential at N={largest}: "
+        + (f"met at {', '.join('loopback' if r == 0 else f'{r:g} ms RTT (modelled)' for r in met)}"
+           if met else "not met")
+        + (f"; not on loopback ({big[0][0].median_s / big[0][1].median_s:.2f}x, bounded by the 2 cores, "
+           "see above)" if big and big[0][0].rtt_ms == 0 and 0.0 not in met else "")
+        + f". One connection per host per worker: {'met' if one_each else 'NOT met'} in every run.",
+    ])
+    print(body)
+    if args.write_docs:
+        replace_section(SECTION, body)
+        print("\nwrote docs/performance.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
