@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
         # a real GPU build: only the GPU count is stood in (8, like the emulated runs), so TP=8
         # layouts are built on a 1-GPU machine; tensors still go to the meta device
         from vllm.platforms import current_platform
-        type(current_platform).device_count = classmethod(lambda cls: 8)  # type: ignore[assignment]
+        type(current_platform).device_count = classmethod(lambda cls: 8)
     else:
         from tests.vllm.emulated_gpu import install
         major, minor = (int(part) for part in argv[1].split("."))
