@@ -12,11 +12,12 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pytest_gpuready.errors import GpuReadyError, ProbeError
 from pytest_gpuready.host import gpus as gpu_readers
 from pytest_gpuready.host.hosts import CommandTimeout, Host
+from pytest_gpuready.host.orphans import lineage_script, parse_lineage, read_lineage_locally
 from pytest_gpuready.host.shm import SHM_DF_SCRIPT, SHM_HOLDERS_SCRIPT, SHM_LIST_SCRIPT, build_shm_status
 from pytest_gpuready.host.snapshot import GpuInfo, GpuProcess, HostSnapshot, Topology
 from pytest_gpuready.host.topology import parse_topo_matrix
@@ -34,6 +35,7 @@ SECTION_COMMANDS: dict[str, str] = {
     "gpus": "nvidia-smi --query-gpu",
     "apps": "nvidia-smi --query-compute-apps",
     "alive": "reading /proc/PID/cmdline of the GPU processes",
+    "lineage": "reading /proc/PID/stat of the GPU processes and their parents",
     "topo": "nvidia-smi topo -m",
     "shm": "find /dev/shm",
     "shm-df": "df /dev/shm",
@@ -42,10 +44,10 @@ SECTION_COMMANDS: dict[str, str] = {
     "vllm": "python3 (the vLLM version lookup)",
 }
 """What each section runs, for naming the one that hung."""
-_SECTION_ERROR_KEY = {"have-nvidia-smi": "gpus", "gpus": "gpus", "apps": "gpus", "alive": "gpus",
+_SECTION_ERROR_KEY = {"have-nvidia-smi": "gpus", "gpus": "gpus", "apps": "gpus", "alive": "gpus", "lineage": "gpus",
                       "topo": "topology", "shm": "shm", "shm-df": "shm", "shm-holders": "shm", "uid": "shm",
                       "vllm": "vllm"}
-_WAITS_FOR = {"alive": "apps"}
+_WAITS_FOR = {"alive": "apps", "lineage": "alive"}
 """A section that starts only after another: when that one hangs, it is not named too."""
 
 VLLM_VERSION_SCRIPT = (
@@ -152,8 +154,11 @@ def build_probe_script(query_gpus_with_nvidia_smi: bool = True,
             "cut -d, -f1 \"$d/apps\" | while read -r p; do case $p in ''|*[!0-9]*) continue;; esac; "
             "[ -d \"/proc/$p\" ] && printf '%s\\t%s\\n' \"$p\" "
             "\"$(tr '\\000\\n\\t' '   ' < /proc/$p/cmdline 2>/dev/null)\"; done; true",
+        ) + "; " + _job(
+            # parent, session and start time of each GPU pid and its ancestors, for orphaned engines
+            "lineage", lineage_script('cat "$d/apps"'),
         ) + "; }" + background)
-        jobs += [("gpus",), ("apps",), ("alive",)]
+        jobs += [("gpus",), ("apps",), ("alive",), ("lineage",)]
     for name, script in (
         ("topo", "[ $HAVE_SMI = 1 ] || exit 127; nvidia-smi topo -m"),
         ("shm", SHM_LIST_SCRIPT),
@@ -224,12 +229,19 @@ def _gpus_from_sections(sections: dict[str, Section], host: str) -> tuple[tuple[
         pid, _, cmdline = line.partition("\t")
         if pid.strip().isdigit():
             alive[int(pid)] = cmdline.strip()
+    lineage = parse_lineage(sections.get("lineage", Section("", 0)).output)
     processes = [
         GpuProcess(p.pid, p.name, p.used_memory_mib, p.gpu_uuid, p.gpu_index,
-                   alive=p.pid in alive, cmdline=alive.get(p.pid) or None)
+                   alive=p.pid in alive, cmdline=alive.get(p.pid) or None, lineage=lineage.get(p.pid, ()))
         for p in processes
     ]
     return tuple(gpus), tuple(processes)
+
+
+def _with_local_lineage(processes: tuple[GpuProcess, ...]) -> tuple[GpuProcess, ...]:
+    """NVML's processes with their lineage read from this machine's /proc right after the reading."""
+    lineage = parse_lineage(read_lineage_locally(sorted({p.pid for p in processes})))
+    return tuple(replace(p, lineage=lineage.get(p.pid, p.lineage)) for p in processes)
 
 
 class _Background:
@@ -332,7 +344,7 @@ def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True,
     no_gpu_reason: str | None = None
     has_smi = sections.get("have-nvidia-smi", Section("0", 0)).output.strip() == "1"
     if nvml is not None:
-        gpus, processes, gpu_reader = nvml.gpus, nvml.processes, "nvml"
+        gpus, processes, gpu_reader = nvml.gpus, _with_local_lineage(nvml.processes), "nvml"
     elif not has_smi:
         gpu_reader = "none"
         cause = "nvidia-smi is not installed or not on PATH"
