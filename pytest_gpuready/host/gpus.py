@@ -34,12 +34,13 @@ _REQUIRED_GPU_FIELDS = ("index", "memory.used", "memory.total")
 _UNAVAILABLE = re.compile(r"^\[(N/A|Not Supported|Unknown Error|Insufficient Permissions|GPU is lost)\]$|^N/A$")
 _UNIT_SUFFIX = re.compile(r"\s*(MiB|W|%|MHz)$")
 
-def _value(cell: str) -> str | None:
-    """The cell without units, or None where nvidia-smi says it has no value."""
+def _value(cell: str, has_unit: bool = False) -> str | None:
+    """The cell (without its unit, for a field that has one), or None where nvidia-smi says it has
+    no value. Free text keeps everything: a GPU named ``... 300 W`` stays so."""
     cell = cell.strip()
     if _UNAVAILABLE.match(cell):
         return None
-    return _UNIT_SUFFIX.sub("", cell)
+    return _UNIT_SUFFIX.sub("", cell) if has_unit else cell
 
 
 def explain_nvidia_smi_failure(output: str, returncode: int) -> str:
@@ -51,28 +52,65 @@ def explain_nvidia_smi_failure(output: str, returncode: int) -> str:
     return f"nvidia-smi failed (exit {returncode}): {text[:300] or 'no output'}"
 
 
-def split_csv_rows(text: str, fields: Sequence[str], what: str) -> list[dict[str, str | None]]:
-    """Split ``--format=csv,noheader`` output into dicts keyed by field name.
+FREE_TEXT_FIELDS = frozenset({"name", "process_name"})
+"""Fields whose values are free text and may hold the separator (a process named ``a, b``)."""
 
-    Extra commas can only come from a free-text field (a process name); they are joined back
-    into the one free-text column. Any other column count is a ProbeError.
+_NUMBER = re.compile(r"^-?\d+(\.\d+)?$")
+_UUID = re.compile(r"^(GPU|MIG)-\S+$")
+FIELD_SHAPES: dict[str, tuple[re.Pattern[str], str]] = {
+    **{name: (_NUMBER, "a number") for name in (
+        "index", "pid", "memory.used", "memory.total", "memory.reserved", "power.draw", "used_memory")},
+    "compute_cap": (re.compile(r"^\d+\.\d+$"), "a compute capability like 9.0"),
+    "uuid": (_UUID, "a GPU uuid like GPU-f2fae499-..."),
+    "gpu_uuid": (_UUID, "a GPU uuid like GPU-f2fae499-..."),
+    "pci.bus_id": (re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$"),
+                   "a PCI bus id like 00000000:18:00.0"),
+    "driver_version": (re.compile(r"^\d+(\.\d+)*$"), "a driver version like 580.159.04"),
+}
+"""The shape each fixed field's value has in every row (besides ``[N/A]``-style placeholders): a
+value of another shape means the row does not fit the fields asked, so it is an error, not a guess."""
+_UNIT_FIELDS = frozenset({"memory.used", "memory.total", "memory.reserved", "power.draw", "used_memory"})
+"""Fields that carry a unit (``MiB``, ``W``) without ``nounits``; only these lose a unit suffix."""
+
+
+def split_csv_rows(text: str, fields: Sequence[str], what: str) -> list[dict[str, str | None]]:
+    """Split ``--format=csv,noheader[,nounits]`` output into dicts keyed by the fields asked for.
+
+    nvidia-smi separates cells with ``", "`` and quotes nothing, so a free-text cell (a GPU or
+    process name) may hold the separator. The fixed cells are anchored from both ends: those
+    before the free-text field are read from the left, those after it from the right, and the
+    free text is what lies between. A row that still does not fit (too few cells, or too many
+    with no free-text field to absorb them, or a number field that is not a number) is a
+    :class:`ProbeError` naming the line and the expected and actual cell counts: never a number
+    read from the wrong column.
     """
+    free = [i for i, name in enumerate(fields) if name in FREE_TEXT_FIELDS]
+    if len(free) > 1:
+        raise ValueError(f"at most one free-text field per query, got {', '.join(fields[i] for i in free)}")
     rows: list[dict[str, str | None]] = []
-    free_text = {"process_name", "name"} & set(fields)
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         cells = line.split(", ")
-        if len(cells) > len(fields) and free_text:
-            column = fields.index(next(iter(free_text)))
-            extra = len(cells) - len(fields)
-            cells = [*cells[:column], ", ".join(cells[column:column + extra + 1]), *cells[column + extra + 1:]]
+        if len(cells) > len(fields) and free:
+            at = free[0]
+            tail = len(fields) - at - 1
+            cells = [*cells[:at], ", ".join(cells[at:len(cells) - tail]), *cells[len(cells) - tail:]]
         if len(cells) != len(fields):
             raise ProbeError(
-                f"{what}: line {number} has {len(cells)} columns, expected {len(fields)} "
+                f"{what}: line {number} has {len(cells)} fields, expected {len(fields)} "
                 f"({','.join(fields)}): {line.strip()[:120]!r}"
             )
-        rows.append({field: _value(cell) for field, cell in zip(fields, cells, strict=True)})
+        row = {field: _value(cell, field in _UNIT_FIELDS) for field, cell in zip(fields, cells, strict=True)}
+        for field in fields:
+            value = row[field]
+            shape = FIELD_SHAPES.get(field)
+            if shape is not None and value is not None and not shape[0].match(value):
+                raise ProbeError(
+                    f"{what}: line {number}: {field} is {value[:40]!r}, expected {shape[1]}; the row does not "
+                    f"fit the {len(fields)} fields asked ({','.join(fields)}): {line.strip()[:120]!r}"
+                )
+        rows.append(row)
     return rows
 
 

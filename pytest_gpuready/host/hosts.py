@@ -17,10 +17,13 @@ import os
 import re
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import tempfile
 import time
 import weakref
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -28,6 +31,10 @@ from pytest_gpuready.errors import HostError, HostSpecError
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_COMMAND_TIMEOUT_S = 120.0
+HANDSHAKE_MARGIN_S = 5.0
+"""How long past ConnectTimeout ssh may take to finish its handshake (key exchange and login)
+before it is cut as "handshake stalled": ConnectTimeout bounds the TCP connect and the banner,
+not a peer that sends its banner and then stalls the key exchange."""
 
 _USER_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
@@ -111,6 +118,81 @@ class CommandResult:
     duration_s: float
 
 
+class CommandTimeout(HostError):
+    """A command that ran past its timeout; its whole process group was killed.
+
+    :attr:`stdout` holds what it printed before the cut (a probe reads from it which sections
+    finished, to name the one that hung).
+    """
+
+    def __init__(self, message: str, stdout: str = "", stderr: str = "") -> None:
+        super().__init__(message)
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+@dataclass(frozen=True)
+class _Finished:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+    cut: str | None
+    """None, or why the process group was killed: ``timeout`` or the early check's reason."""
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process's whole group (it leads a session of its own, so that is only what
+    it started). The process is not yet reaped, so its pid, the group id, cannot have been reused."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_bounded(argv: Sequence[str], stdin: bytes, timeout: float,
+                early_cut: Callable[[float], str | None] | None = None) -> _Finished:
+    """Run ``argv`` as the leader of a new session and wait at most ``timeout`` seconds.
+
+    On the deadline, on ``early_cut(elapsed)`` returning a reason, or on an exception in this
+    thread (KeyboardInterrupt), the *whole process group* is killed, not only the direct child:
+    grandchildren (a hung ``nvidia-smi`` under the probe's ``sh``, a ProxyCommand under ``ssh``)
+    would otherwise keep running and keep the output pipes open.
+    """
+    proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    started = time.monotonic()
+    cut: str | None = None
+    feed: bytes | None = stdin
+    try:
+        while True:
+            elapsed = time.monotonic() - started
+            remaining = timeout - elapsed
+            if remaining <= 0:
+                cut = "timeout"
+                break
+            if early_cut is not None:
+                cut = early_cut(elapsed)
+                if cut is not None:
+                    break
+            try:
+                out, err = proc.communicate(feed, timeout=min(remaining, 0.05) if early_cut else remaining)
+                return _Finished(proc.returncode, out, err, None)
+            except subprocess.TimeoutExpired:
+                feed = None  # communicate() keeps what it has not written yet
+    except BaseException:
+        _kill_group(proc)
+        proc.wait()
+        raise
+    _kill_group(proc)
+    try:
+        out, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:  # something outside the group holds the pipes
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+        proc.wait()
+        out, err = b"", b""
+    return _Finished(proc.returncode, out or b"", err or b"", cut)
+
+
 @runtime_checkable
 class Host(Protocol):
     """A machine that runs POSIX ``sh`` scripts for the probes."""
@@ -156,17 +238,11 @@ class LocalHost:
     ) -> CommandResult:
         self.commands_run += 1
         started = time.monotonic()
-        try:
-            proc = subprocess.run(
-                ["sh", "-c", script],
-                input=stdin if stdin is not None else b"",
-                capture_output=True,
-                timeout=timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise HostError(f"local: command timed out after {timeout:g} s") from exc
-        return CommandResult(proc.returncode, _decode(proc.stdout), _decode(proc.stderr),
+        done = run_bounded(["sh", "-c", script], stdin if stdin is not None else b"", timeout)
+        if done.cut is not None:
+            raise CommandTimeout(f"local: command timed out after {timeout:g} s",
+                                 _decode(done.stdout), _decode(done.stderr))
+        return CommandResult(done.returncode, _decode(done.stdout), _decode(done.stderr),
                              time.monotonic() - started)
 
     def close(self) -> None:
@@ -345,20 +421,28 @@ class SSHHost:
         self.commands_run += 1
         argv = [*self.ssh_argv(), "--", "sh -c " + shlex.quote(script)]
         started = time.monotonic()
-        try:
-            proc = subprocess.run(
-                argv,
-                input=stdin if stdin is not None else b"",
-                capture_output=True,
-                timeout=timeout + self.connect_timeout,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise HostError(f"{self.name}: command timed out after {timeout:g} s") from exc
-        stderr = _decode(proc.stderr)
-        if proc.returncode == 255:
+        control = self._control_path()
+        handshake_limit = self.connect_timeout + HANDSHAKE_MARGIN_S
+
+        def handshake_stalled(elapsed: float) -> str | None:
+            # The master's socket appears once ssh has connected, exchanged keys and logged in.
+            if elapsed > handshake_limit and not os.path.exists(control):
+                return "handshake"
+            return None
+
+        watch = None if _master_alive(control) else handshake_stalled
+        done = run_bounded(argv, stdin if stdin is not None else b"", timeout + self.connect_timeout, watch)
+        stderr = _decode(done.stderr)
+        if done.cut == "handshake":
+            raise HostError(
+                f"{self.name}: ssh failed: handshake stalled (connected, but the key exchange and login did "
+                f"not finish within {handshake_limit:g} s: an overloaded or wedged sshd, a middlebox holding "
+                "the connection, or not an ssh server)")
+        if done.cut is not None:
+            raise CommandTimeout(f"{self.name}: command timed out after {timeout:g} s", _decode(done.stdout), stderr)
+        if done.returncode == 255:
             raise HostError(f"{self.name}: ssh failed: {explain_ssh_failure(stderr)}")
-        return CommandResult(proc.returncode, _decode(proc.stdout), stderr, time.monotonic() - started)
+        return CommandResult(done.returncode, _decode(done.stdout), stderr, time.monotonic() - started)
 
     def close(self) -> None:
         """Stop the master connection and remove its socket directory."""
@@ -366,6 +450,25 @@ class SSHHost:
             self._cleanup()  # runs once; a later close() or garbage collection does nothing
         self._cleanup = None
         self._control_dir = None
+
+
+def _master_alive(socket_path: str) -> bool:
+    """True when a master listens on ``socket_path``. A stale socket (its master was killed) is
+    removed, so that ssh makes a new master there rather than running without one; the directory
+    is this host's own, so nothing else's socket can be removed."""
+    if not os.path.exists(socket_path):
+        return False
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1)
+        probe.connect(socket_path)
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(socket_path)
+        return False
+    finally:
+        probe.close()
 
 
 def _stop_master(ssh_binary: str, control_dir: str, target: str) -> None:

@@ -9,19 +9,46 @@ engineer types. Locally, NVML replaces the two nvidia-smi queries when it loads.
 
 from __future__ import annotations
 
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from pytest_gpuready.errors import GpuReadyError, ProbeError
 from pytest_gpuready.host import gpus as gpu_readers
-from pytest_gpuready.host.hosts import Host
+from pytest_gpuready.host.hosts import CommandTimeout, Host
+from pytest_gpuready.host.orphans import lineage_script, parse_lineage, read_lineage_locally
 from pytest_gpuready.host.shm import SHM_DF_SCRIPT, SHM_HOLDERS_SCRIPT, SHM_LIST_SCRIPT, build_shm_status
 from pytest_gpuready.host.snapshot import GpuInfo, GpuProcess, HostSnapshot, Topology
 from pytest_gpuready.host.topology import parse_topo_matrix
 
 SECTION_PREFIX = "@@gpuready "
 READERS = ("auto", "nvml", "nvidia-smi")
+DEFAULT_PROBE_TIMEOUT_S = 30.0
+"""How long the probe's sections may take before they are killed (``--gpu-probe-timeout``)."""
+_RUN_MARGIN_S = 10.0
+"""Past the probe timeout, how long the host command may take to print the sections that did
+answer and clean up (the probe's own watchdog acts at the timeout; this is the backstop)."""
+
+SECTION_COMMANDS: dict[str, str] = {
+    "have-nvidia-smi": "command -v nvidia-smi",
+    "gpus": "nvidia-smi --query-gpu",
+    "apps": "nvidia-smi --query-compute-apps",
+    "alive": "reading /proc/PID/cmdline of the GPU processes",
+    "lineage": "reading /proc/PID/stat of the GPU processes and their parents",
+    "topo": "nvidia-smi topo -m",
+    "shm": "find /dev/shm",
+    "shm-df": "df /dev/shm",
+    "shm-holders": "reading /proc/*/fd and /proc/*/maps",
+    "uid": "id -u",
+    "vllm": "python3 (the vLLM version lookup)",
+}
+"""What each section runs, for naming the one that hung."""
+_SECTION_ERROR_KEY = {"have-nvidia-smi": "gpus", "gpus": "gpus", "apps": "gpus", "alive": "gpus", "lineage": "gpus",
+                      "topo": "topology", "shm": "shm", "shm-df": "shm", "shm-holders": "shm", "uid": "shm",
+                      "vllm": "vllm"}
+_WAITS_FOR = {"alive": "apps", "lineage": "alive"}
+"""A section that starts only after another: when that one hangs, it is not named too."""
 
 VLLM_VERSION_SCRIPT = (
     "python3 -c 'import glob, os, sys\n"
@@ -39,16 +66,61 @@ alone on its line, which a one-line section breaks."""
 
 
 def _job(name: str, script: str) -> str:
-    """Run ``script`` in a subshell; its section (header, output, exit code) goes to a file of its own."""
+    """Run ``script`` in a subshell; its section (header, output, exit code) goes to a file of its
+    own, and a ``NAME.done`` file marks it finished (a section without one hung)."""
     header = f"printf '\\n{SECTION_PREFIX}{name}\\n'"
-    return f'{{ {header}; ( {script} ) 2>&1; printf \'\\n@@rc %s\\n\' "$?"; }} >"$d/{name}"'
+    return (f'{{ {{ {header}; ( {script} ) 2>&1; printf \'\\n@@rc %s\\n\' "$?"; }} >"$d/{name}"; '
+            f': >"$d/{name}.done"; }}')
 
 
-def build_probe_script(query_gpus_with_nvidia_smi: bool = True) -> str:
+def _watchdog(timeout_s: float) -> str:
+    """A background job that, ``timeout_s`` after the start, kills every process of the probe's
+    process group except the main shell (and itself): the sections and whatever they started (a
+    hung nvidia-smi and its children). Then the main shell prints the sections that answered and
+    ``@@hung NAME`` for the others, cleans up and exits normally. One pass over ``/proc/*/stat``
+    (shell builtins only, no process per pid), twice, for what the first pass's victims forked.
+
+    It acts only when the probe's group is its session's group, that is when the probe runs in a
+    session of its own (LocalHost starts it so; sshd makes one per command), so it can never signal
+    a process that is not the probe's. Ended by SIGTERM when the sections finish in time.
+    """
+    return "\n".join([
+        'read -r gpuready_stat </proc/$$/stat 2>/dev/null; set -- ${gpuready_stat##*") "}',
+        'gpuready_pg=$3; gpuready_sid=$4',
+        "( trap 'kill $gpuready_sleep 2>/dev/null; exit 0' TERM",
+        f"  sleep {timeout_s:g} >/dev/null 2>&1 & gpuready_sleep=$!",
+        "  wait $gpuready_sleep",
+        "  trap '' TERM",  # past the deadline: finish the kill even when the main shell asks to stop
+        f"  echo '@@timeout {timeout_s:g}' >\"$d/@@timeout\"",
+        '  [ -n "$gpuready_pg" ] && [ "$gpuready_pg" = "$gpuready_sid" ] || exit 0',
+        # spared: this watchdog, the main shell and its ancestors in the group (a login shell
+        # that ran it without exec): they print the sections that answered
+        "  read -r gpuready_me </proc/self/stat; gpuready_keep=\" ${gpuready_me%% *} \"; gpuready_a=$$",
+        '  while [ "$gpuready_a" -gt 1 ] 2>/dev/null; do',
+        '    read -r gpuready_st </proc/$gpuready_a/stat 2>/dev/null || break; set -- ${gpuready_st##*") "}',
+        '    [ "$3" = "$gpuready_pg" ] || break',
+        '    gpuready_keep="$gpuready_keep$gpuready_a "; gpuready_a=$2',
+        "  done",
+        "  for gpuready_pass in 1 2; do",
+        "    for gpuready_f in /proc/[0-9]*/stat; do",
+        '      read -r gpuready_st <"$gpuready_f" 2>/dev/null || continue',
+        '      set -- ${gpuready_st##*") "}',
+        '      [ "$3" = "$gpuready_pg" ] || continue',
+        "      gpuready_p=${gpuready_f#/proc/}; gpuready_p=${gpuready_p%/stat}",
+        '      case $gpuready_keep in *" $gpuready_p "*) ;; *) kill -KILL "$gpuready_p" 2>/dev/null;; esac',
+        "    done",
+        "  done",
+        ") & gpuready_watchdog=$!",
+    ])
+
+
+def build_probe_script(query_gpus_with_nvidia_smi: bool = True,
+                       timeout_s: float = DEFAULT_PROBE_TIMEOUT_S) -> str:
     """The whole probe as one script. Exposed so users can see exactly what runs on their host.
 
     The sections run concurrently (each nvidia-smi call costs ~20 ms and python3 ~20 ms), write to
-    a private temporary directory that the script removes on exit, and are printed in order.
+    a private temporary directory that the script removes on exit, and are printed in order. A
+    watchdog kills what has not answered ``timeout_s`` after the start (see :func:`_watchdog`).
     """
     full = ",".join(gpu_readers.QUERY_GPU_FIELDS)
     legacy = ",".join(gpu_readers.QUERY_GPU_FIELDS_LEGACY)
@@ -59,8 +131,11 @@ def build_probe_script(query_gpus_with_nvidia_smi: bool = True) -> str:
         "HAVE_SMI=0; command -v nvidia-smi >/dev/null 2>&1 && HAVE_SMI=1",
         "d=$(mktemp -d \"${TMPDIR:-/tmp}/gpuready.XXXXXX\") || { echo 'gpuready: mktemp -d failed' >&2; exit 70; }",
         "trap 'rm -rf \"$d\"' EXIT",
+        _watchdog(timeout_s),
+        "gpuready_jobs=",
         _job("have-nvidia-smi", "echo $HAVE_SMI"),
     ]
+    background = ' & gpuready_jobs="$gpuready_jobs $!"'
     if query_gpus_with_nvidia_smi:
         lines.append(_job(
             "gpus",
@@ -69,7 +144,7 @@ def build_probe_script(query_gpus_with_nvidia_smi: bool = True) -> str:
             f'if [ $rc -ne 0 ] && printf "%s" "$out" | grep -qi "not a valid field"; then '
             f'echo "@@fields {legacy}"; nvidia-smi --query-gpu={legacy} --format=csv,noheader,nounits; '
             f'else echo "@@fields {full}"; printf "%s\\n" "$out"; exit $rc; fi',
-        ) + " &")
+        ) + background)
         # the pids' liveness and command lines are read from the same answer, so it is one nvidia-smi call
         lines.append("{ " + _job(
             "apps",
@@ -79,8 +154,11 @@ def build_probe_script(query_gpus_with_nvidia_smi: bool = True) -> str:
             "cut -d, -f1 \"$d/apps\" | while read -r p; do case $p in ''|*[!0-9]*) continue;; esac; "
             "[ -d \"/proc/$p\" ] && printf '%s\\t%s\\n' \"$p\" "
             "\"$(tr '\\000\\n\\t' '   ' < /proc/$p/cmdline 2>/dev/null)\"; done; true",
-        ) + "; } &")
-        jobs += [("gpus",), ("apps",), ("alive",)]
+        ) + "; " + _job(
+            # parent, session and start time of each GPU pid and its ancestors, for orphaned engines
+            "lineage", lineage_script('cat "$d/apps"'),
+        ) + "; }" + background)
+        jobs += [("gpus",), ("apps",), ("alive",), ("lineage",)]
     for name, script in (
         ("topo", "[ $HAVE_SMI = 1 ] || exit 127; nvidia-smi topo -m"),
         ("shm", SHM_LIST_SCRIPT),
@@ -89,10 +167,17 @@ def build_probe_script(query_gpus_with_nvidia_smi: bool = True) -> str:
         ("uid", "id -u"),
         ("vllm", VLLM_VERSION_SCRIPT + "; true"),
     ):
-        lines.append(_job(name, script) + " &")
+        lines.append(_job(name, script) + background)
         jobs.append((name,))
-    lines.append("wait")
-    lines.append("cat " + " ".join(f'"$d/{name}"' for (name,) in jobs))  # one exec prints every section in order
+    lines.append("wait $gpuready_jobs")
+    # past the deadline the watchdog is killing: let it finish; else stop it (and its sleep)
+    lines.append('[ -e "$d/@@timeout" ] || kill $gpuready_watchdog 2>/dev/null; wait $gpuready_watchdog 2>/dev/null')
+    # the finished sections in order, in one exec; then the names of those that did not finish
+    lines.append("set --; for n in " + " ".join(name for (name,) in jobs) + "; do "
+                 '[ -e "$d/$n.done" ] && set -- "$@" "$d/$n"; done; [ $# -gt 0 ] && cat "$@"')
+    lines.append("for n in " + " ".join(name for (name,) in jobs) + "; do "
+                 '[ -e "$d/$n.done" ] || printf \'\\n@@hung %s\\n\' "$n"; done; '
+                 '[ -e "$d/@@timeout" ] && cat "$d/@@timeout"; true')
     return "\n".join(lines) + "\n"
 
 
@@ -144,46 +229,136 @@ def _gpus_from_sections(sections: dict[str, Section], host: str) -> tuple[tuple[
         pid, _, cmdline = line.partition("\t")
         if pid.strip().isdigit():
             alive[int(pid)] = cmdline.strip()
+    lineage = parse_lineage(sections.get("lineage", Section("", 0)).output)
     processes = [
         GpuProcess(p.pid, p.name, p.used_memory_mib, p.gpu_uuid, p.gpu_index,
-                   alive=p.pid in alive, cmdline=alive.get(p.pid) or None)
+                   alive=p.pid in alive, cmdline=alive.get(p.pid) or None, lineage=lineage.get(p.pid, ()))
         for p in processes
     ]
     return tuple(gpus), tuple(processes)
 
 
-def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True) -> HostSnapshot:
+def _with_local_lineage(processes: tuple[GpuProcess, ...]) -> tuple[GpuProcess, ...]:
+    """NVML's processes with their lineage read from this machine's /proc right after the reading."""
+    lineage = parse_lineage(read_lineage_locally(sorted({p.pid for p in processes})))
+    return tuple(replace(p, lineage=lineage.get(p.pid, p.lineage)) for p in processes)
+
+
+class _Background:
+    """A call run in a daemon thread, waited for with a deadline.
+
+    For NVML, whose calls cannot be interrupted: a wedged driver call stays blocked in its thread
+    (a daemon, so it cannot keep the interpreter from exiting), but the probe moves on.
+    """
+
+    def __init__(self, fn: Callable[[], gpu_readers.NvmlReading]) -> None:
+        self.value: gpu_readers.NvmlReading | None = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+
+        def target() -> None:
+            try:
+                self.value = fn()
+            except BaseException as exc:  # handed to the caller of wait()
+                self.error = exc
+            finally:
+                self._done.set()
+
+        threading.Thread(target=target, name="gpuready-nvml", daemon=True).start()
+
+    def wait(self, timeout_s: float) -> bool:
+        """True when the call finished within ``timeout_s`` (from now)."""
+        return self._done.wait(max(0.0, timeout_s))
+
+
+def hung_sections(stdout: str) -> list[str]:
+    """The sections the probe's watchdog killed (``@@hung NAME`` lines), those that only waited
+    for another hung one left out."""
+    hung = [line[len("@@hung "):].strip() for line in stdout.splitlines() if line.startswith("@@hung ")]
+    return [name for name in hung if _WAITS_FOR.get(name) not in hung]
+
+
+def _did_not_answer(names: list[str], timeout_s: float) -> str:
+    what = " and ".join(SECTION_COMMANDS.get(name, name) for name in names)
+    return f"{what} did not answer within {timeout_s:g} s"
+
+
+def _unfinished(stdout: str, expected: list[str]) -> list[str]:
+    """From a probe cut off from outside: the sections whose output never came."""
+    seen = split_sections_lenient(stdout)
+    missing = [name for name in expected if name not in seen]
+    return [name for name in missing if _WAITS_FOR.get(name) not in missing]
+
+
+def split_sections_lenient(stdout: str) -> set[str]:
+    """Names of the complete sections in a probe's output, however it ends."""
+    names: set[str] = set()
+    current: str | None = None
+    for line in stdout.splitlines():
+        if line.startswith(SECTION_PREFIX):
+            current = line[len(SECTION_PREFIX):].strip()
+        elif line.startswith("@@rc ") and current is not None:
+            names.add(current)
+            current = None
+    return names
+
+
+def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True,
+             timeout: float = DEFAULT_PROBE_TIMEOUT_S) -> HostSnapshot:
     """Probe ``host`` once and return what it saw.
 
     ``reader``: ``nvml`` (local only), ``nvidia-smi``, or ``auto`` (NVML locally when it loads,
     else nvidia-smi). ``gpus_expected``: when False (the local machine was not named as a GPU
     host) a machine with neither NVML nor nvidia-smi yields a snapshot with ``no_gpu_reason``
     (GPU checks skip); when True that is a ProbeError in ``errors['gpus']`` (GPU checks error).
-    Unreachable hosts raise :class:`HostError`.
+    ``timeout``: a section that has not answered by then is killed with everything it started
+    (on the host, by the probe's own watchdog) and its part of the snapshot is an error naming
+    the command, e.g. ``nvidia-smi --query-gpu did not answer within 30 s``; the sections that
+    answered are still used. Unreachable hosts raise :class:`HostError`.
     """
     if reader not in READERS:
         raise ValueError(f"reader {reader!r}: expected one of {', '.join(READERS)}")
     if reader == "nvml" and not host.is_local:
         raise ValueError(f"reader 'nvml' reads this machine only; {host.name} is remote: use nvidia-smi or auto")
+    if not timeout > 0:
+        raise ValueError(f"timeout {timeout!r}: expected a number of seconds > 0")
     started = time.monotonic()
     nvml: gpu_readers.NvmlReading | None = None
     nvml_error: str | None = None
+    with_smi = not (host.is_local and reader == "nvml")
+    script = build_probe_script(query_gpus_with_nvidia_smi=with_smi, timeout_s=timeout)
+    expected = ["have-nvidia-smi", *(["gpus", "apps", "alive"] if with_smi else []),
+                "topo", "shm", "shm-df", "shm-holders", "uid", "vllm"]
+    nvml_call: _Background | None = None
     if host.is_local and reader in ("auto", "nvml"):
         # NVML is read while the script runs (each takes tens of ms). With ``auto`` the script also
         # asks nvidia-smi, concurrently, so a failed NVML costs no second round trip.
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            script_run = pool.submit(host.run, build_probe_script(query_gpus_with_nvidia_smi=reader == "auto"))
-            try:
-                nvml = gpu_readers.read_nvml()
-            except gpu_readers.NvmlUnavailable as exc:
-                nvml_error = str(exc)
-            result = script_run.result()
+        nvml_call = _Background(gpu_readers.read_nvml)
+    try:
+        result = host.run(script, timeout=timeout + _RUN_MARGIN_S)
+    except CommandTimeout as exc:  # the watchdog itself did not act: name what never answered
+        names = _unfinished(exc.stdout, expected) or expected
+        raise ProbeError(f"{host.name}: {_did_not_answer(names, timeout)} "
+                         "(the probe was killed from outside)") from None
+    if nvml_call is not None:
+        if not nvml_call.wait(timeout - (time.monotonic() - started)):
+            nvml_error = f"NVML did not answer within {timeout:g} s"
+        elif isinstance(nvml_call.error, gpu_readers.NvmlUnavailable):
+            nvml_error = str(nvml_call.error)
+        elif nvml_call.error is not None:
+            raise nvml_call.error
+        else:
+            nvml = nvml_call.value
         if nvml is None and reader == "nvml":
             raise ProbeError(f"{host.name}: {nvml_error}")
-    else:
-        result = host.run(build_probe_script())
     sections = split_sections(result.stdout, host.name)
-    if "uid" not in sections:
+    hung = hung_sections(result.stdout)
+    hung_errors: dict[str, str] = {}
+    for name in hung:
+        key = _SECTION_ERROR_KEY.get(name, name)
+        hung_errors.setdefault(key, _did_not_answer([n for n in hung if _SECTION_ERROR_KEY.get(n, n) == key],
+                                                    timeout))
+    if "uid" not in sections and "uid" not in hung:
         detail = (result.stderr.strip() or result.stdout.strip())[:300]
         raise ProbeError(f"{host.name}: the probe script did not run to the end (exit {result.returncode}): {detail}")
     errors: dict[str, str] = {}
@@ -192,7 +367,7 @@ def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True) ->
     no_gpu_reason: str | None = None
     has_smi = sections.get("have-nvidia-smi", Section("0", 0)).output.strip() == "1"
     if nvml is not None:
-        gpus, processes, gpu_reader = nvml.gpus, nvml.processes, "nvml"
+        gpus, processes, gpu_reader = nvml.gpus, _with_local_lineage(nvml.processes), "nvml"
     elif not has_smi:
         gpu_reader = "none"
         cause = "nvidia-smi is not installed or not on PATH"
@@ -208,12 +383,16 @@ def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True) ->
     else:
         gpu_reader = "nvidia-smi"
         try:
+            if "gpus" in hung_errors:
+                raise ProbeError(hung_errors["gpus"])
             gpus, processes = _gpus_from_sections(sections, host.name)
         except GpuReadyError as exc:
             errors["gpus"] = str(exc).removeprefix(f"{host.name}: ")
     topology: Topology | None = None
     topo = sections.get("topo")
-    if gpus is not None and topo is not None:
+    if gpus is not None and "topology" in hung_errors:
+        errors["topology"] = hung_errors["topology"]
+    elif gpus is not None and topo is not None:
         try:
             if topo.returncode != 0:
                 raise ProbeError(gpu_readers.explain_nvidia_smi_failure(topo.output, topo.returncode))
@@ -222,6 +401,8 @@ def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True) ->
             errors["topology"] = str(exc).removeprefix(f"{host.name}: ")
     shm = None
     try:
+        if "shm" in hung_errors:
+            raise ProbeError(hung_errors["shm"])
         listing, df = sections["shm"], sections["shm-df"]
         if listing.returncode != 0 or df.returncode != 0:
             raise ProbeError(f"listing /dev/shm failed: {(listing.output + ' ' + df.output).strip()[:200]}")
@@ -230,6 +411,8 @@ def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True) ->
     except (GpuReadyError, KeyError) as exc:
         errors["shm"] = str(exc).removeprefix(f"{host.name}: ")
     vllm_version = sections.get("vllm", Section("", 0)).output.strip() or None
+    if "vllm" in hung_errors:
+        errors["vllm"] = hung_errors["vllm"]
     return HostSnapshot(
         host=host.name,
         taken_at=time.time(),

@@ -25,8 +25,19 @@ from pytest_gpuready.host.snapshot import ShmEntry, ShmStatus
 
 SHM_DIR = "/dev/shm"
 
-LEAK_PATTERNS: tuple[str, ...] = ("psm_*", "sem.mp-*", "nccl-*", "*vllm*")
-"""Names vLLM, NCCL and Python multiprocessing leave behind (matched case-insensitively)."""
+LEAK_PATTERNS: tuple[str, ...] = ("psm_*", "sem.mp-*", "sem.loky-*", "nccl-*", "*vllm*")
+"""Names vLLM, NCCL and Python multiprocessing leave behind (matched case-insensitively).
+
+``sem.loky-<pid>-<random>`` is a semaphore of loky (joblib's process pool) that a GPU
+``VLLM::EngineCore`` created; SIGKILL of the engine left it behind on the H200 (vLLM 0.25.0)."""
+
+_PID_NAMED = re.compile(r"^sem\.loky-(\d+)-")
+
+
+def creator_pid(name: str) -> int | None:
+    """The pid a /dev/shm name carries (``sem.loky-3504-0y75b2cm`` -> 3504), or None."""
+    match = _PID_NAMED.match(name)
+    return int(match.group(1)) if match else None
 
 _HEX = "od -An -v -tx1 | tr -d ' \\n'"
 """Hex-encode stdin onto one line (od and tr are in coreutils and busybox)."""
@@ -98,11 +109,16 @@ class ShmHolders:
 
     open_paths: Mapping[str, frozenset[int]] = field(default_factory=dict)
     mapped_paths: Mapping[str, frozenset[int]] = field(default_factory=dict)
+    mapped_inodes: Mapping[int, frozenset[int]] = field(default_factory=dict)
+    """Inode -> pids of every /dev/shm mapping. A POSIX semaphore (``sem_open``: multiprocessing's
+    ``sem.mp-*``, loky's ``sem.loky-*``) is mapped under the temporary name glibc created it with
+    (``/dev/shm/sem.lp8PWH (deleted)``), never under its own: only its inode tells it is held."""
 
-    def pids_holding(self, name: str) -> frozenset[int]:
-        """The pids that have ``/dev/shm/NAME`` open or mapped (or a path below it, for a directory)."""
+    def pids_holding(self, name: str, inode: int | None = None) -> frozenset[int]:
+        """The pids that have ``/dev/shm/NAME`` open or mapped (or a path below it, for a directory);
+        with ``inode`` (the listing's), also the pids that map that inode under any name."""
         path = f"{SHM_DIR}/{name}"
-        found: set[int] = set()
+        found: set[int] = set(self.mapped_inodes.get(inode, frozenset()) if inode is not None else ())
         for paths, form in ((self.open_paths, path), (self.mapped_paths, _maps_form(path))):
             for candidate in (form, form + _DELETED):
                 found |= paths.get(candidate, frozenset())
@@ -125,7 +141,7 @@ class ShmHolders:
     def pids(self) -> frozenset[int]:
         """Every pid holding anything in /dev/shm."""
         found: set[int] = set()
-        for paths in (self.open_paths, self.mapped_paths):
+        for paths in (self.open_paths, self.mapped_paths, self.mapped_inodes):
             for pids in paths.values():
                 found |= pids
         return frozenset(found)
@@ -155,6 +171,7 @@ def parse_shm_holders(text: str, host: str = "host") -> ShmHolders:
             raise ProbeError(f"{host}: unexpected /dev/shm fd record {record[:120]!r}")
         opened.setdefault(_decode_name(target), set()).add(int(match.group(1)))
     mapped: dict[str, set[int]] = {}
+    inodes: dict[int, set[int]] = {}
     for line in _hex_payload(text, "maps", host).split(b"\n"):
         if not line:
             continue
@@ -166,8 +183,11 @@ def parse_shm_holders(text: str, host: str = "host") -> ShmHolders:
         fields = match.group(2).split(None, 5)
         if len(fields) == 6 and fields[5].startswith(SHM_DIR.encode() + b"/"):
             mapped.setdefault(_decode_name(fields[5]), set()).add(int(match.group(1)))
+            if fields[4].isdigit():
+                inodes.setdefault(int(fields[4]), set()).add(int(match.group(1)))
     return ShmHolders({k: frozenset(v) for k, v in opened.items()},
-                      {k: frozenset(v) for k, v in mapped.items()})
+                      {k: frozenset(v) for k, v in mapped.items()},
+                      {k: frozenset(v) for k, v in inodes.items()})
 
 
 def read_shm_holders(host: Host, pids: Iterable[int] | None = None, timeout: float = 30) -> ShmHolders:
@@ -249,7 +269,7 @@ def build_shm_status(
     holders = parse_shm_holders(holders_output, host)
     entries = []
     for item in parse_shm_listing_entries(listing, host):
-        pids = holders.pids_holding(item.name)
+        pids = holders.pids_holding(item.name, item.inode)
         entries.append(ShmEntry(
             name=item.name,
             size_bytes=item.size_bytes,
@@ -274,10 +294,13 @@ def _fnmatch_literal(text: str) -> str:
 
 
 _HELD_FUNCTION = (
-    # held FD_PATTERN MAPS_FORM: true when some process has the file open (its fd link target is
-    # the path, or the path + " (deleted)") or mapped (a maps line ends in it). Read afresh on
-    # every call: this runs right before each rm.
+    # held FD_PATTERN MAPS_FORM [INODE]: true when some process has the file open (its fd link
+    # target is the path, or the path + " (deleted)") or mapped (a maps line ends in it, or maps
+    # its inode under another name: a POSIX semaphore is mapped under glibc's temporary name).
+    # Read afresh on every call: this runs right before each rm.
     "held() {\n"
+    "  if [ -n \"${3:-}\" ] && grep -a -h -F ' /dev/shm/' /proc/[0-9]*/maps 2>/dev/null | "
+    "{ while read -r _a _p _o _d ino _rest; do [ \"$ino\" = \"$3\" ] && exit 0; done; exit 1; }; then return 0; fi\n"
     "  [ -n \"$(find /proc/[0-9]*/fd -mindepth 1 -maxdepth 1 \\( -lname \"$1\" -o -lname \"$1 (deleted)\" "
     "-o -lname \"$1/*\" \\) -print -quit 2>/dev/null)\" ] && return 0\n"
     "  grep -a -h -F -e \" $2\" /proc/[0-9]*/maps 2>/dev/null | {\n"
@@ -310,7 +333,8 @@ def removal_script(entries: Iterable[ShmEntry | str]) -> str:
         lines.append(
             f"p={shlex.quote(path)}; "
             f"if [ -z \"$(find \"$p\" -maxdepth 0 -type f {same_file}-print 2>/dev/null)\" ]; then echo kept {tag}; "
-            f"elif held {shlex.quote(_fnmatch_literal(path))} {shlex.quote(_maps_form(path))}; then echo kept {tag}; "
+            f"elif held {shlex.quote(_fnmatch_literal(path))} {shlex.quote(_maps_form(path))} "
+            f"{int(inode) if inode is not None else ''}; then echo kept {tag}; "
             f"elif rm -f -- \"$p\"; then echo removed {tag}; else echo kept {tag}; fi"
         )
     return "\n".join(lines)

@@ -45,6 +45,24 @@ class GpuInfo:
 
 
 @dataclass(frozen=True)
+class ProcessInfo:
+    """One process as ``/proc/PID/stat`` and ``cmdline`` showed it in the probe's round trip."""
+
+    pid: int
+    ppid: int
+    session_id: int
+    start_ticks: int
+    """Field 22 of /proc/PID/stat: start time in clock ticks since boot (with the pid, names the process)."""
+    comm: str
+    cmdline: str = ""
+
+    @property
+    def label(self) -> str:
+        """What ps would show: the command line, else the kernel name."""
+        return (self.cmdline.strip() or self.comm)[:120]
+
+
+@dataclass(frozen=True)
 class GpuProcess:
     """A compute process holding memory on a GPU (joined to the GPU by uuid)."""
 
@@ -56,6 +74,26 @@ class GpuProcess:
     alive: bool | None = None
     """False when the pid no longer exists on the host (a zombie context); None when unknown."""
     cmdline: str | None = None
+    lineage: tuple[ProcessInfo, ...] = ()
+    """The process itself and its ancestors (parent first), read in the same probe round trip as
+    the GPU listing; empty when not read. :mod:`pytest_gpuready.host.orphans` judges it."""
+
+    @property
+    def info(self) -> ProcessInfo | None:
+        """The process's own ``/proc`` entry (ppid, session, start time), when it was read."""
+        return self.lineage[0] if self.lineage and self.lineage[0].pid == self.pid else None
+
+    @property
+    def ppid(self) -> int | None:
+        return self.info.ppid if self.info is not None else None
+
+    @property
+    def session_id(self) -> int | None:
+        return self.info.session_id if self.info is not None else None
+
+    @property
+    def start_ticks(self) -> int | None:
+        return self.info.start_ticks if self.info is not None else None
 
 
 @dataclass(frozen=True)

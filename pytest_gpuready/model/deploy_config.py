@@ -26,6 +26,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import difflib
 import errno
 import os
@@ -577,7 +578,7 @@ def load_deploy_config(path: str | os.PathLike[str]) -> DeployConfig:
     base_dir = Path(os.path.realpath(file_path)).parent
     deployments = tuple(_deployment(file, base_dir, i + 1, item, defaults) for i, item in enumerate(items))
     names = [d.name for d in deployments]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
+    duplicates = sorted(name for name, count in collections.Counter(names).items() if count > 1)
     if duplicates:
         raise ConfigError(f"{file}: deployment name {duplicates[0]!r} is used twice; expected unique names")
     return DeployConfig(file, deployments)

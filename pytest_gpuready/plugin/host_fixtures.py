@@ -10,6 +10,7 @@ are parametrized per host by :mod:`pytest_gpuready.plugin.fleet`.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ from pytest_gpuready.host.checks import (
 )
 from pytest_gpuready.host.host_list import display_names, merge_hosts, read_hosts_file
 from pytest_gpuready.host.hosts import Host, HostSpec, parse_host_spec, validate_ssh_option
-from pytest_gpuready.host.probe import READERS
+from pytest_gpuready.host.orphans import find_orphans, reap_orphans
+from pytest_gpuready.host.probe import DEFAULT_PROBE_TIMEOUT_S, READERS
 from pytest_gpuready.host.shm import remove_leftovers, shm_display_name
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.plugin import settings as s
@@ -107,6 +109,13 @@ SSH_CONNECT_TIMEOUT = s.Setting(
     "ssh_connect_timeout", "--ssh-connect-timeout", "GPUREADY_SSH_CONNECT_TIMEOUT", "ssh_connect_timeout",
     "Seconds to wait for an ssh connection (default 10).", s.parse_positive_float, 10.0, metavar="SECONDS",
 )
+GPU_PROBE_TIMEOUT = s.Setting(
+    "gpu_probe_timeout", "--gpu-probe-timeout", "GPUREADY_GPU_PROBE_TIMEOUT", "gpu_probe_timeout",
+    f"Seconds each part of a host probe (an nvidia-smi query, the /dev/shm listing) may take; one that "
+    f"has not answered is killed with what it started, on the host too, and named in the error "
+    f"(default {DEFAULT_PROBE_TIMEOUT_S:g}).",
+    s.parse_positive_float, DEFAULT_PROBE_TIMEOUT_S, metavar="SECONDS",
+)
 SHM_MIN_FREE_MIB = s.Setting(
     "shm_min_free_mib", "--shm-min-free-mib", "GPUREADY_SHM_MIN_FREE_MIB", "shm_min_free_mib",
     f"Free space /dev/shm must have (default {DEFAULT_SHM_MIN_FREE_MIB}).",
@@ -118,17 +127,28 @@ SHM_REMOVE_LEFTOVERS = s.Setting(
     s.parse_bool, False, is_flag=True,
 )
 
+GPU_REAP_ORPHANS = s.Setting(
+    "gpu_reap_orphans", "--gpu-reap-orphans", "GPUREADY_GPU_REAP_ORPHANS", "gpu_reap_orphans",
+    "Before the GPU checks, stop orphaned vLLM engines (VLLM::EngineCore / VLLM::Worker whose API server is "
+    "gone) that hold GPU memory: SIGTERM, then SIGKILL, each re-checked on the host right before; says what it "
+    "stopped (default: stop nothing).",
+    s.parse_bool, False, is_flag=True,
+)
+
 HOST_SETTINGS: tuple[s.Setting[Any], ...] = (
     GPU_HOST, GPU_HOSTS_FILE, GPU_IDS, GPU_MAX_USED_MIB, GPU_READER, SSH_IDENTITY, SSH_OPTIONS, SSH_CONNECT_TIMEOUT,
-    SHM_MIN_FREE_MIB, SHM_REMOVE_LEFTOVERS,
+    GPU_PROBE_TIMEOUT, SHM_MIN_FREE_MIB, SHM_REMOVE_LEFTOVERS, GPU_REAP_ORPHANS,
 )
+
+REAP_RELEASE_TIMEOUT_S = 60.0
+"""How long the driver may take to release a stopped engine's memory before the check reads the GPU."""
 
 MARKERS = (
     "gpuready: a GPU-readiness preflight check (select the whole preflight with -m gpuready)",
     "gpus_clean(gpus=None, max_used_mib=64): fail in setup unless the GPUs (by index; default --gpu-ids or all) "
     "hold no compute process and at most max_used_mib MiB",
     "shm_clean(min_free_mib=1024): fail in setup if /dev/shm holds vLLM/NCCL/multiprocessing leftovers "
-    "(psm_*, sem.mp-*, nccl-*, *vllm*) or has less than min_free_mib MiB free",
+    "(psm_*, sem.mp-*, sem.loky-*, nccl-*, *vllm*) or has less than min_free_mib MiB free",
 )
 
 _MARKER_ARGS: dict[str, tuple[str, ...]] = {
@@ -179,6 +199,7 @@ def pytest_configure(config: pytest.Config) -> None:
             identity_file=resolved["ssh_identity"],
             ssh_options=resolved["ssh_options"],
             connect_timeout=resolved["ssh_connect_timeout"],
+            probe_timeout=resolved["gpu_probe_timeout"],
             name=name,
         )
         for spec, name in zip(specs, display_names(specs), strict=True)
@@ -232,13 +253,50 @@ def gpu_host(_gpuready_host: HostSession) -> Host:
     return checked(lambda: _gpuready_host.host)
 
 
+def _say(config: pytest.Config, line: str) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"\ngpuready: {line}")
+        reporter.flush()
+
+
+def snapshot_for_gpu_checks(config: pytest.Config, session: HostSession, node: pytest.Item | None = None,
+                            ) -> HostSnapshot:
+    """The host's snapshot; with ``--gpu-reap-orphans``, taken after orphaned vLLM engines were stopped.
+
+    The reaper signals only what :func:`~pytest_gpuready.host.orphans.find_orphans` proves orphaned,
+    re-checking each on the host right before each signal; then the host is probed again (polling
+    until the stopped pids have left the GPU listing) and what was stopped is printed and recorded.
+    """
+    snap = session.snapshot()
+    if not GPU_REAP_ORPHANS.get(config):
+        return snap
+    orphans = find_orphans(snap)
+    if not orphans:
+        return snap
+    report = reap_orphans(session.host, orphans)
+    for line in report.lines():
+        _say(config, line)
+    if node is not None and report.stopped:
+        node.user_properties.append(("gpuready.orphans_stopped", " ".join(
+            f"{o.pid}:{o.process.used_memory_mib}" for o in report.stopped)))
+    stopped = {o.pid for o in report.stopped}
+    deadline = time.monotonic() + REAP_RELEASE_TIMEOUT_S
+    while True:
+        snap = session.snapshot(refresh=True)
+        if not {p.pid for p in snap.processes} & stopped or time.monotonic() >= deadline:
+            return snap
+        time.sleep(0.25)
+
+
 @pytest.fixture
-def gpu_snapshot(_gpuready_host: HostSession) -> HostSnapshot:
+def gpu_snapshot(_gpuready_host: HostSession, request: pytest.FixtureRequest) -> HostSnapshot:
     """What the test's host looks like now: GPUs, processes, /dev/shm, topology, vLLM version.
 
-    Taken once and reused until something marks it stale (the vLLM server fixtures do).
+    Taken once and reused until something marks it stale (the vLLM server fixtures do). With
+    ``--gpu-reap-orphans`` orphaned vLLM engines are stopped first.
     """
-    return checked(_gpuready_host.snapshot)
+    return checked(lambda: snapshot_for_gpu_checks(request.config, _gpuready_host, request.node))
 
 
 def _gpus_clean(request: pytest.FixtureRequest, gpus: Sequence[int] | None, max_used_mib: int | None) -> Verdict:
@@ -246,7 +304,7 @@ def _gpus_clean(request: pytest.FixtureRequest, gpus: Sequence[int] | None, max_
     config = request.config
     session = host_session_of(request)
     verdict = checked(lambda: check_gpus_clean(
-        session.snapshot(),
+        snapshot_for_gpu_checks(config, session, request.node),
         gpus=gpus if gpus is not None else GPU_IDS.get(config),
         max_used_mib=max_used_mib if max_used_mib is not None else GPU_MAX_USED_MIB.get(config),
     ))

@@ -19,6 +19,7 @@ import pytest
 
 from pytest_gpuready.errors import GpuReadyError
 from pytest_gpuready.host.hosts import Host, HostSpec, connect
+from pytest_gpuready.host.probe import DEFAULT_PROBE_TIMEOUT_S
 from pytest_gpuready.host.probe import snapshot as take_snapshot
 from pytest_gpuready.host.snapshot import HostSnapshot
 
@@ -34,6 +35,8 @@ class HostSession:
     identity_file: str | None = None
     ssh_options: tuple[str, ...] = ()
     connect_timeout: float = 10.0
+    probe_timeout: float = DEFAULT_PROBE_TIMEOUT_S
+    """Seconds a probe section may take before it is killed and named (``--gpu-probe-timeout``)."""
     name: str = ""
     """The display name (test ids, reports): ``gpu-box-7`` for ``root@gpu-box-7``; ``str(spec)`` if empty."""
     snapshots_taken: int = 0
@@ -76,7 +79,8 @@ class HostSession:
             if self._latest is not None:
                 return self._latest
         try:
-            self._latest = take_snapshot(self.host, reader=self.reader, gpus_expected=self.named_explicitly)
+            self._latest = take_snapshot(self.host, reader=self.reader, gpus_expected=self.named_explicitly,
+                                         timeout=self.probe_timeout)
             self._error = None
         except GpuReadyError as exc:
             self._error = exc

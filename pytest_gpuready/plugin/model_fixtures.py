@@ -384,6 +384,18 @@ def capability_if_known(request: pytest.FixtureRequest, deployment: Deployment |
         return None
 
 
+def visible_gpus_if_known(request: pytest.FixtureRequest, deployment: Deployment | None = None) -> int | None:
+    """How many GPUs vLLM would see: the deployment's ``gpus``, else the GPU snapshot's (None without one)."""
+    __tracebackhide__ = True
+    if deployment is not None and deployment.gpus is not None:
+        return len(deployment.gpus)
+    try:
+        snapshot = snapshot_with_gpus(request, "no GPU here")
+    except pytest.skip.Exception:
+        return None
+    return len(snapshot.require_gpus())
+
+
 def fp8_alignment_verdict(request: pytest.FixtureRequest, model: ModelSpec, tp: int, ep: bool,
                           version: VllmVersion | None, deployment: Deployment | None = None,
                           arch_override: tuple[int, int] | None = None) -> Verdict:

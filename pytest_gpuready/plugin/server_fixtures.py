@@ -37,7 +37,7 @@ from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_session import HostSession
 from pytest_gpuready.plugin.model_fixtures import SKIP_NO_DEPLOY_FILE, deploy_config_of
 from pytest_gpuready.plugin.recording import add_report_entry, record
-from pytest_gpuready.serve.bench import BenchResult, run_benchmark
+from pytest_gpuready.serve.bench import BenchResult, ServerGoneError, run_benchmark
 from pytest_gpuready.serve.server import ServerError, TeardownReport, VLLMServer
 from pytest_gpuready.serve.spec import DEFAULT_COMMAND, ServeSpec, spec_from_deployment
 from pytest_gpuready.serve.thresholds import (
@@ -189,7 +189,7 @@ class ServerPool:
         self._host_session = host_session
         self.servers: dict[ServeSpec, VLLMServer] = {}
         self.failures: dict[ServeSpec, str] = {}
-        """Specs that failed to start: later requests fail at once instead of waiting again."""
+        """Specs that failed to start or died: later requests fail at once with the cause, never wait again."""
 
     @property
     def host_session(self) -> HostSession | None:
@@ -227,8 +227,13 @@ class ServerPool:
     def get(self, target: ServeSpec | Deployment | str, ready_timeout_s: float | None = None) -> VLLMServer:
         spec = self.resolve(target)
         if spec in self.failures:
-            raise ServerError(f"{self.failures[spec]}\n(this server already failed to start earlier in the session)")
+            raise ServerError(self.failures[spec])
         existing = self.servers.get(spec)
+        if existing is not None and existing.running and not existing.is_alive():
+            # The pool keeps a server while it has a pid and was not stopped: check that it still lives.
+            died = existing.died_error("after it was ready", "not handing it out again")
+            self.mark_dead(spec, died.summary)
+            raise died
         if existing is not None and (existing.is_attached or existing.running):
             return existing
         url = VLLM_URL.get(self.config)
@@ -247,12 +252,17 @@ class ServerPool:
         try:
             server.start()
         except GpuReadyError as exc:
-            self.failures[spec] = str(exc).split("\n", 1)[0]
+            first = str(exc).splitlines()[0]
+            self.failures[spec] = f"{first}\n(this server already failed to start earlier in the session)"
             raise
         finally:
             self._invalidate()
         self._record_start(server)
         return server
+
+    def mark_dead(self, spec: ServeSpec, cause: str) -> None:
+        """Later requests for ``spec`` fail at once with ``cause`` instead of being handed a dead server."""
+        self.failures[spec] = f"{cause}\n(this server died earlier in the session)"
 
     def _invalidate(self) -> None:
         session = self.host_session
@@ -451,8 +461,16 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
             allow_failed_requests: bool = False, **kwargs: Any) -> ServingBenchmark:
         __tracebackhide__ = True
         failure: str | None = None
+        alive = None if server.is_attached else server.is_alive
         try:
-            result = run_benchmark(server.url, server.model_name, concurrency, **kwargs)
+            result = run_benchmark(server.url, server.model_name, concurrency, alive=alive, **kwargs)
+        except ServerGoneError as exc:
+            died = server.died_error("during the benchmark",
+                                     f"{exc.sent} requests sent ({exc.failed} failed), then no more")
+            for pool in pytestconfig.stash.get(POOL_KEY, {}).values():
+                if any(kept is server for kept in pool.servers.values()):
+                    pool.mark_dead(server.spec, died.summary)
+            failure = str(died)
         except (GpuReadyError, ValueError) as exc:
             failure = f"benchmark of {_context(server)} could not measure: {exc}"
         if failure is not None:

@@ -16,14 +16,18 @@ from pytest_gpuready.model.checks import (
     check_tp_divisibility,
 )
 from pytest_gpuready.model.deploy_config import Deployment
+from pytest_gpuready.model.layout import Layout
+from pytest_gpuready.model.rules import check_deployment
 from pytest_gpuready.model.spec import ModelSpec, derived_weights_for
 from pytest_gpuready.plugin.model_fixtures import (
     NO_DEPLOY_FILE,
+    capability_if_known,
     deploy_config_of,
     fp8_alignment_verdict,
     memory_fit_verdict,
     resolve_gpu_arch,
     resolve_vllm_version,
+    visible_gpus_if_known,
 )
 from pytest_gpuready.plugin.outcomes import expect
 from pytest_gpuready.verdict import Verdict
@@ -51,6 +55,18 @@ def test_fp8_block_alignment(deployment: Deployment, model_spec: ModelSpec,
     version = resolve_vllm_version(request, deployment)
     expect(fp8_alignment_verdict(request, model_spec, deployment.tp, deployment.ep, version, deployment),
            request.node, "fp8_block_alignment")
+
+
+def test_vllm_load_rules(deployment: Deployment, model_spec: ModelSpec, request: pytest.FixtureRequest) -> None:
+    """Every vLLM load-time rule for the deployment's layout, reported as vLLM would fail first
+    (world size, TP order, EP, quantization minimum, FP8 blocks, attention backend, Marlin tiles)."""
+    version = resolve_vllm_version(request, deployment)
+    capability = capability_if_known(request, deployment)
+    layout = Layout(tp=deployment.tp, pp=deployment.pp, ep=deployment.ep,
+                    kv_cache_dtype=deployment.kv_cache_dtype)
+    check = check_deployment(model_spec, layout, capability, version,
+                             visible_gpus=visible_gpus_if_known(request, deployment))
+    expect(check.verdict(), request.node, "vllm_load_rules")
 
 
 def test_mla_kv_backend(deployment: Deployment, model_spec: ModelSpec, request: pytest.FixtureRequest) -> None:

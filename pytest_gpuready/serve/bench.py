@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import random
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -50,6 +51,15 @@ _VOCAB_TEXT = (
 
 class BenchmarkError(GpuReadyError):
     """The benchmark could not measure: no request succeeded, or the server does not report usage."""
+
+
+class ServerGoneError(BenchmarkError):
+    """The server's process ended during the benchmark (``alive`` said so): the benchmark stopped sending."""
+
+    def __init__(self, message: str, sent: int, failed: int) -> None:
+        self.sent = sent
+        self.failed = failed
+        super().__init__(message)
 
 
 @dataclass(frozen=True)
@@ -303,6 +313,37 @@ def make_prompt_factory(
     return PromptFactory(prompt_tokens, (), seed, mode="text")
 
 
+class _GoneCheck:
+    """Asked after each failed request: is the server's process gone?
+
+    A SIGKILLed server refuses connections a little before its process can be seen to have
+    ended (the kernel closes its sockets, then tears down its memory: longer for a large one),
+    so a "still alive" answer is re-checked for up to ``settle_s`` before the request counts as
+    an ordinary failure. Once gone, always gone: no further process checks.
+    """
+
+    def __init__(self, alive: Callable[[], bool], settle_s: float = 2.0) -> None:
+        self.alive = alive
+        self.settle_s = settle_s
+        self.gone = False
+        self._lock = threading.Lock()
+
+    def __call__(self, outcome: RequestOutcome) -> bool:
+        if (outcome.error or "").startswith(("HTTP ", "server error:")):
+            return self.gone  # the server answered: its process lives
+        with self._lock:
+            if self.gone:
+                return True
+            deadline = time.monotonic() + self.settle_s
+            while True:
+                if not self.alive():
+                    self.gone = True
+                    return True
+                if time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.05)
+
+
 def _run_level(
     endpoint: Endpoint,
     model: str,
@@ -313,6 +354,7 @@ def _run_level(
     output_tokens: int,
     timeout_s: float,
     extra_body: Mapping[str, Any],
+    alive: Callable[[], bool] | None = None,
 ) -> tuple[list[RequestOutcome], float]:
     def payload() -> dict[str, Any]:
         # vLLM bench serve's body for the completions API (endpoint_request_func.py).
@@ -328,8 +370,16 @@ def _run_level(
             **extra_body,
         }
 
-    return run_coroutine(lambda: run_requests(endpoint, payload, concurrency=concurrency,
-                                              total=requests_total, timeout_s=timeout_s))
+    server_gone = _GoneCheck(alive) if alive is not None else None
+    outcomes, duration = run_coroutine(lambda: run_requests(endpoint, payload, concurrency=concurrency,
+                                                            total=requests_total, timeout_s=timeout_s,
+                                                            server_gone=server_gone))
+    if alive is not None and len(outcomes) < requests_total and not alive():
+        failed = sum(1 for o in outcomes if not o.success)
+        errors = "; ".join(dict.fromkeys(o.error or "?" for o in outcomes if not o.success))[:300]
+        raise ServerGoneError(f"the server's process is gone: {failed} of {len(outcomes)} requests sent at "
+                              f"concurrency {concurrency} failed ({errors}); no more were sent", len(outcomes), failed)
+    return outcomes, duration
 
 
 def run_benchmark(
@@ -344,6 +394,7 @@ def run_benchmark(
     seed: int = 0,
     timeout_s: float = 600.0,
     extra_body: Mapping[str, Any] | None = None,
+    alive: Callable[[], bool] | None = None,
 ) -> BenchResult:
     """Measure ``model`` at ``url`` at each concurrency; raise :class:`BenchmarkError` if nothing succeeds.
 
@@ -351,6 +402,10 @@ def run_benchmark(
     or None for ``max(16, 4 x concurrency)``. ``warmup`` requests run first (at up to the largest
     concurrency) and are not counted, like ``vllm bench serve``'s initial test prompt / ``--num-warmups``.
     Failed requests are counted (``failed``) with their errors, as vLLM does.
+
+    ``alive`` (e.g. :meth:`VLLMServer.is_alive`) is asked after a failed request and before each
+    level; once the server's process is gone the benchmark sends nothing more and raises
+    :class:`ServerGoneError` instead of counting failures against a dead port.
     """
     levels_wanted = [concurrency] if isinstance(concurrency, int) else list(concurrency)
     if not levels_wanted or any(not isinstance(c, int) or c < 1 for c in levels_wanted):
@@ -365,16 +420,18 @@ def run_benchmark(
     if warmup > 0:
         warm, _ = _run_level(endpoint, model, prompts, concurrency=min(warmup, max(levels_wanted)),
                              requests_total=warmup, output_tokens=output_tokens, timeout_s=timeout_s,
-                             extra_body=body)
+                             extra_body=body, alive=alive)
         if not any(o.success for o in warm):
             errors = "; ".join(dict.fromkeys(o.error or "?" for o in warm))
             raise BenchmarkError(f"benchmark of {model} at {base}: every warm-up request failed: {errors}")
     levels: list[LevelResult] = []
     for level in levels_wanted:
         count = _requests_for(requests, level)
+        if alive is not None and not alive():
+            raise ServerGoneError(f"the server's process is gone before concurrency {level}", 0, 0)
         outcomes, duration = _run_level(endpoint, model, prompts, concurrency=level,
                                         requests_total=count, output_tokens=output_tokens,
-                                        timeout_s=timeout_s, extra_body=body)
+                                        timeout_s=timeout_s, extra_body=body, alive=alive)
         result = calculate_metrics(outcomes, duration, level)
         if result.completed == 0:
             raise BenchmarkError(f"benchmark of {model} at {base}: all {count} requests at concurrency "
@@ -404,6 +461,7 @@ __all__ = [
     "LevelResult",
     "PromptFactory",
     "RequestOutcome",
+    "ServerGoneError",
     "calculate_metrics",
     "latency_stats",
     "percentile",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -123,6 +124,28 @@ def launch_local(argv: Sequence[str], env: Mapping[str, str], host: Host, log_di
     return LocalProcess(popen, ticks if ticks is not None else 0, str(log_path))
 
 
+def describe_exit(code: int) -> str:
+    """How a leader ended, for messages: ``killed by SIGKILL``, ``exited with code 1``.
+
+    Locally a signal death reads as a negative code (Popen); on an ssh host the wrapper sh records
+    128 + N when the command died of signal N, and -1 when the wrapper itself was killed.
+    """
+    if code == -1:
+        return "killed by a signal (no exit code)"
+    if code < 0:
+        return f"killed by {_signal_name(-code)}"
+    if code > 128 and _signal_name(code - 128).startswith("SIG"):
+        return f"exited with code {code} (killed by {_signal_name(code - 128)})"
+    return f"exited with code {code}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
 _REMOTE_WRAPPER = 'd=$1; shift; echo $$ > "$d/pid"; "$@"; echo $? > "$d/exit_code"'
 
 
@@ -151,4 +174,4 @@ def launch_remote(argv: Sequence[str], env: Mapping[str, str], host: Host) -> Re
     return RemoteProcess(host, int(fields[0]), int(fields[1]), fields[2])
 
 
-__all__ = ["LaunchedProcess", "LocalProcess", "RemoteProcess", "launch_local", "launch_remote"]
+__all__ = ["LaunchedProcess", "LocalProcess", "RemoteProcess", "describe_exit", "launch_local", "launch_remote"]

@@ -282,18 +282,29 @@ async def run_requests(
     concurrency: int,
     total: int,
     timeout_s: float,
+    server_gone: Callable[[RequestOutcome], bool] | None = None,
 ) -> tuple[list[RequestOutcome], float]:
-    """``total`` requests with at most ``concurrency`` in flight; return the outcomes and the wall time."""
+    """``total`` requests with at most ``concurrency`` in flight; return the outcomes and the wall time.
+
+    ``server_gone(outcome)`` (blocking; run off the loop) is asked after each failed request: once it says
+    the server's process is gone, no worker sends another request (the caller sees fewer outcomes
+    than ``total``), instead of thousands of requests failing against a dead port.
+    """
     outcomes: list[RequestOutcome] = []
     issued = 0
+    gone = False
 
     async def worker() -> None:
-        nonlocal issued
+        nonlocal issued, gone
         connection = Connection(endpoint)
+        loop = asyncio.get_running_loop()
         try:
-            while issued < total:
+            while issued < total and not gone:
                 issued += 1
-                outcomes.append(await stream_completion(connection, make_payload(), timeout_s=timeout_s))
+                outcome = await stream_completion(connection, make_payload(), timeout_s=timeout_s)
+                outcomes.append(outcome)
+                if not outcome.success and server_gone is not None and not gone:
+                    gone = await loop.run_in_executor(None, server_gone, outcome) or gone
         finally:
             connection.close()
 

@@ -20,7 +20,7 @@ import requests
 
 from pytest_gpuready.serve import vllm_log
 from pytest_gpuready.serve.footprint import GpuMemoryWatch
-from pytest_gpuready.serve.launch import LaunchedProcess
+from pytest_gpuready.serve.launch import LaunchedProcess, describe_exit
 from pytest_gpuready.serve.log_reader import LogReader
 from pytest_gpuready.serve.server_errors import (
     EngineDeadError,
@@ -81,7 +81,7 @@ class ReadinessWait:
         code = self.process.exit_code()
         if code is not None:
             cause = vllm_log.find_cause(self.log.read_all()) if self.log is not None else None
-            reason = f"exited with code {code}" if code >= 0 else "was killed (no exit code)"
+            reason = describe_exit(code) if code >= 0 else f"was {describe_exit(code)}"
             extra = f": {cause}" if cause else ""
             raise self.fail(ServerExitedError,
                             f"vLLM {self.name} {reason} before it was ready{extra} "

@@ -33,21 +33,22 @@ from pytest_gpuready.errors import ConfigError, GpuReadyWarning
 from pytest_gpuready.host.hosts import Host, LocalHost
 from pytest_gpuready.serve import processes, vllm_log
 from pytest_gpuready.serve.footprint import Footprint, GpuMemoryWatch, SnapshotFn, short_gpu_name
-from pytest_gpuready.serve.launch import LaunchedProcess, launch_local, launch_remote
+from pytest_gpuready.serve.launch import LaunchedProcess, describe_exit, launch_local, launch_remote
 from pytest_gpuready.serve.log_reader import LogReader
 from pytest_gpuready.serve.readiness import ProgressFn, ReadinessWait, ReadyInfo
 from pytest_gpuready.serve.server_errors import (
     EngineDeadError,
+    ServerDiedError,
     ServerError,
     ServerExitedError,
     ServerMismatchError,
     ServerStartTimeout,
     TeardownError,
 )
+from pytest_gpuready.serve.shm_ownership import ShmOwnership
 from pytest_gpuready.serve.spec import ServeSpec, build_argv, build_env
 from pytest_gpuready.serve.teardown import (
     TeardownReport,
-    list_shm,
     session_members,
     stop_session,
     wait_gpus_clean,
@@ -156,7 +157,8 @@ class VLLMServer:
         self.port: int | None = None
         self._process: LaunchedProcess | None = None
         self._log: LogReader | None = None
-        self._shm_before: set[str] = set()
+        self.shm_ownership = ShmOwnership()
+        """The /dev/shm files this server's processes hold or are named for (teardown checks only those)."""
         self._memory = GpuMemoryWatch(self.snapshot_fn, spec.gpus)
         self.ready: ReadyInfo | None = None
         self.footprint: Footprint | None = None
@@ -252,7 +254,6 @@ class VLLMServer:
         if self.pid is not None:
             raise ServerError(f"{self.name}: already started (pid {self.pid})")
         try:
-            self._shm_before = list_shm(self.host)
             self._memory.take_baseline()
             for attempt in range(1, PORT_ATTEMPTS + 1):
                 started = time.monotonic()
@@ -271,6 +272,7 @@ class VLLMServer:
                     self._process = None
                     self.teardown = None
             self.footprint = self._read_footprint()
+            self.sample_shm_ownership()
             assert self.ready is not None
             return self.ready
         except BaseException:
@@ -353,11 +355,36 @@ class VLLMServer:
         """The leader's exit code once it has exited; None while it runs (or when unknown remotely)."""
         return self._process.exit_code() if self._process is not None else None
 
+    def death(self) -> str | None:
+        """How the server's process ended (``killed by SIGKILL``) if it ended by itself; None while it
+        runs, when attached (not ours to watch), or once :meth:`stop` has stopped it."""
+        if self.is_attached or self._process is None or self._stopped:
+            return None
+        code = self._process.exit_code()
+        return describe_exit(code) if code is not None else None
+
+    def is_alive(self) -> bool:
+        """False once the launched server's process has ended by itself (attached servers: always True)."""
+        return self.death() is None
+
+    def died_error(self, during: str, detail: str = "") -> ServerDiedError:
+        """The error for a server found dead ``during`` something: its cause first, then the log's last lines."""
+        message = f"vLLM {self.name}: the server died {during} ({self.death() or 'its process is gone'})"
+        if detail:
+            message += f": {detail}"
+        return ServerDiedError(message, log_tail=self.log_tail() if self._log is not None else "",
+                               log_path=self.log_path)
+
     def processes(self) -> list[processes.ServerProcess]:
         """The live processes of the server's session (API server, EngineCore, workers, helpers)."""
         if self._process is None:
             return []
         return session_members(self.host, self._process)
+
+    def sample_shm_ownership(self) -> None:
+        """Note which /dev/shm files the server's processes hold now (teardown checks those alone)."""
+        if self._process is not None:
+            self.shm_ownership.sample(self.host, self._process.pid, [p.pid for p in self.processes()])
 
     def read_log(self) -> str:
         """The whole log so far ('' when attached: the log is the service manager's)."""
@@ -412,6 +439,9 @@ class VLLMServer:
         began = time.monotonic()
         notes = [note] if note else []
         grace = self.term_timeout_s if self.ready is not None else min(self.term_timeout_s, STARTUP_TERM_TIMEOUT_S)
+        died = self.death()
+        if verify:
+            self.sample_shm_ownership()  # right before the stop: what its processes hold now
         signalled = stop_session(self.host, process, term_grace_s=grace, kill_timeout_s=self.kill_timeout_s)
         self._release_watchdog()
         exit_code = process.exit_code()
@@ -421,7 +451,7 @@ class VLLMServer:
         shm_left: tuple[str, ...] = ()
         gpu_verdict = None
         if verify:
-            shm_left = wait_shm_gone(self.host, self._shm_before,
+            shm_left = wait_shm_gone(self.host, self.shm_ownership,
                                      self.clean_timeout_s if not signalled.survivors else 0)
             if self._memory.has_gpus and self.snapshot_fn is not None:
                 gpu_verdict = wait_gpus_clean(self.snapshot_fn, self.spec.gpus, self.max_used_mib,
@@ -429,7 +459,7 @@ class VLLMServer:
         self.teardown = TeardownReport(
             server=self.name, duration_s=time.monotonic() - began, stopped=signalled.stopped,
             needed_kill=signalled.needed_kill, survivors=signalled.survivors, shm_leftovers=shm_left,
-            gpu_verdict=gpu_verdict, exit_code=exit_code, notes=tuple(notes),
+            gpu_verdict=gpu_verdict, exit_code=exit_code, notes=tuple(notes), died=died,
         )
         self._say(self.teardown.summary)
         return self.teardown
@@ -439,6 +469,7 @@ __all__ = [
     "EngineDeadError",
     "Footprint",
     "ReadyInfo",
+    "ServerDiedError",
     "ServerError",
     "ServerExitedError",
     "ServerMismatchError",

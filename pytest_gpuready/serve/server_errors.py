@@ -44,6 +44,10 @@ class ServerMismatchError(ServerError):
     """The server is up but serves another model name or another max_model_len than the spec."""
 
 
+class ServerDiedError(ServerError):
+    """The server's process ended while it was supposed to serve (during a benchmark, between tests)."""
+
+
 class TeardownError(ServerError):
     """Teardown left processes, GPU memory or /dev/shm files behind."""
 
@@ -54,6 +58,7 @@ class TeardownError(ServerError):
 
 __all__ = [
     "EngineDeadError",
+    "ServerDiedError",
     "ServerError",
     "ServerExitedError",
     "ServerMismatchError",

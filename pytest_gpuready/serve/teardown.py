@@ -3,9 +3,9 @@
 Teardown signals only the processes of the session it started (see
 :mod:`pytest_gpuready.serve.processes`): SIGTERM, a short poll until they are gone, SIGKILL for
 survivors. Then it polls until the GPUs the server used are clean and the ``/dev/shm`` files
-that appeared while it ran are gone, and reports how long that took and what was left. Every
-wait is a poll against a deadline, never a fixed sleep, so a fast machine is not slowed and a
-busy one is not failed early.
+the server owns (held by its processes, or named for one of their pids) are gone, and reports
+how long that took and what was left. Every wait is a poll against a deadline, never a fixed
+sleep, so a fast machine is not slowed and a busy one is not failed early.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any
 from pytest_gpuready.errors import HostError, ProbeError
 from pytest_gpuready.host.checks import check_gpus_clean
 from pytest_gpuready.host.hosts import Host
-from pytest_gpuready.host.shm import SHM_LIST_SCRIPT, parse_shm_listing
 from pytest_gpuready.serve import processes
 from pytest_gpuready.serve.footprint import SnapshotFn
 from pytest_gpuready.serve.launch import LaunchedProcess
+from pytest_gpuready.serve.shm_ownership import ShmOwnership
 from pytest_gpuready.verdict import Verdict
 
 
@@ -42,6 +42,8 @@ class TeardownReport:
     exit_code: int | None = None
     attached: bool = False
     notes: tuple[str, ...] = ()
+    died: str | None = None
+    """How the server had ended before the stop (``killed by SIGKILL``), when it had: not by our hand."""
 
     @property
     def ok(self) -> bool:
@@ -60,7 +62,8 @@ class TeardownReport:
             how += f" ({len(self.needed_kill)} needed SIGKILL)"
         shm = ", /dev/shm clean" if not self.shm_leftovers else f", {len(self.shm_leftovers)} /dev/shm files left"
         state = "clean" if self.ok else "NOT clean"
-        return f"{self.server}: teardown {state} in {self.duration_s:.1f} s: {how}{shm}{gpus}"
+        dead = f"the server had died before the stop ({self.died}); " if self.died else ""
+        return f"{self.server}: teardown {state} in {self.duration_s:.1f} s: {dead}{how}{shm}{gpus}"
 
     @property
     def message(self) -> str:
@@ -78,7 +81,7 @@ class TeardownReport:
             "ok": self.ok, "duration_s": round(self.duration_s, 3), "stopped": list(self.stopped),
             "needed_kill": list(self.needed_kill), "survivors": list(self.survivors),
             "shm_leftovers": list(self.shm_leftovers), "exit_code": self.exit_code,
-            "gpus_clean": None if self.gpu_verdict is None else self.gpu_verdict.ok,
+            "gpus_clean": None if self.gpu_verdict is None else self.gpu_verdict.ok, "died": self.died,
         }
 
 
@@ -125,24 +128,26 @@ def stop_session(host: Host, process: LaunchedProcess, *, term_grace_s: float, k
     return Signalled(stopped, needed_kill, survivors)
 
 
-def list_shm(host: Host) -> set[str]:
-    """Names in the host's ``/dev/shm`` (empty when it cannot be listed)."""
-    try:
-        result = host.run(SHM_LIST_SCRIPT, timeout=30)
-        return {row[0] for row in parse_shm_listing(result.stdout, host.name)}
-    except (ProbeError, HostError):
-        return set()
+def wait_shm_gone(host: Host, ownership: ShmOwnership, timeout_s: float) -> tuple[str, ...]:
+    """Poll until none of the server's own /dev/shm files remains; return those that still do.
 
-
-def wait_shm_gone(host: Host, before: set[str], timeout_s: float) -> tuple[str, ...]:
-    """Poll until no ``/dev/shm`` file absent from ``before`` remains; return those that still do."""
-
-    def new_files() -> set[str]:
-        return list_shm(host) - before
-
-    if poll_until(lambda: not new_files(), timeout_s, local=host.is_local):
+    Only files the server owns (see :mod:`~pytest_gpuready.serve.shm_ownership`) are waited for
+    and reported: a file another process created meanwhile is never blamed.
+    """
+    if not ownership.held and not ownership.pids:
         return ()
-    return tuple(sorted(new_files()))
+    latest: list[set[str]] = []
+
+    def gone() -> bool:
+        try:
+            latest.append(ownership.present(host))
+        except (ProbeError, HostError):
+            latest.append(set())
+        return not latest[-1]
+
+    if poll_until(gone, timeout_s, local=host.is_local):
+        return ()
+    return tuple(sorted(latest[-1]))
 
 
 def wait_gpus_clean(snapshot_fn: SnapshotFn, gpus: Sequence[int] | None, max_used_mib: int,
@@ -165,7 +170,6 @@ def wait_gpus_clean(snapshot_fn: SnapshotFn, gpus: Sequence[int] | None, max_use
 __all__ = [
     "Signalled",
     "TeardownReport",
-    "list_shm",
     "poll_until",
     "session_members",
     "stop_session",

@@ -194,20 +194,57 @@ def find_cause(text: str) -> str | None:
     vLLM re-raises a worker's exception through the EngineCore and the API server, each adding a
     wrapper (``RuntimeError: Engine core initialization failed. See root cause above``); the
     first exception line that is not such a wrapper is the cause. Falls back to the last one.
+
+    A pydantic ``ValidationError`` (vLLM validates its config classes with pydantic) names only
+    the class on its own line; vLLM's reason is on the indented lines below it. The cause then
+    leads with that reason: ``User-specified max_model_len (65536) is greater than the derived
+    max_model_len ... (pydantic ValidationError: 1 validation error for ModelConfig)``.
     """
+    lines = [_strip_prefix(strip_ansi(raw)) for raw in text.splitlines()]
     causes: list[str] = []
-    for raw in text.splitlines():
-        line = _strip_prefix(strip_ansi(raw)).strip()
-        if _CAUSE_RE.match(line):
-            causes.append(line)
+    for index, raw in enumerate(lines):
+        line = raw.strip()
+        if not _CAUSE_RE.match(line):
+            continue
+        header = _PYDANTIC_RE.match(line)
+        if header is not None:
+            reasons = _pydantic_reasons(lines[index + 1:])
+            if reasons:
+                line = f"{'; '.join(reasons)} (pydantic ValidationError: {header.group(1)})"
+        causes.append(line)
     for line in causes:
         if not any(marker in line for marker in _WRAPPER_MARKERS):
             return line
     return causes[-1] if causes else None
 
 
+_PYDANTIC_RE = re.compile(r"^(?:[\w.]+\.)?ValidationError: (\d+ validation errors? for \w+)")
+_PYDANTIC_MESSAGE_END = re.compile(r" \[type=[\w.-]+(?:, input_value=.*)?\]$")
+
+
+def _pydantic_reasons(following: list[str]) -> list[str]:
+    """The messages of a pydantic ValidationError body: ``LOC`` lines, each followed by an indented
+    ``  Message [type=...]`` line and an ``    For further information`` line."""
+    reasons: list[str] = []
+    location: str | None = None
+    for raw in following:
+        if not raw.strip():
+            break
+        if raw.startswith("    "):
+            continue  # "For further information visit https://errors.pydantic.dev/..."
+        if raw.startswith("  "):
+            message = _PYDANTIC_MESSAGE_END.sub("", raw.strip()).removeprefix("Value error, ")
+            reasons.append(f"{location}: {message}" if location else message)
+            location = None
+            continue
+        if " " in raw.strip():
+            break  # the next log line or traceback: the body has ended
+        location = raw.strip()
+    return reasons
+
+
 _PREFIX_RE = re.compile(
-    r"^(?:\([\w:.-]+ pid=\d+\)\s*)?(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \S+ \S+ \[[^\]]*\]\s*)?"
+    r"^(?:\([\w:.-]+ pid=\d+\) ?)?(?:(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) \S+ \S+ \[[^\]]*\]\s*)?"
 )
 
 

@@ -34,8 +34,12 @@ def _write_report() -> Iterator[None]:
     yield
     target = os.environ.get("GPUREADY_GPU_REPORT")
     if target:
+        existing: dict[str, Any] = {}
+        if os.path.exists(target) and os.path.getsize(target):
+            with open(target) as handle:
+                existing = json.load(handle)  # other gpu-tier modules' sections (the orphan story)
         with open(target, "w") as handle:
-            json.dump(REPORT, handle, indent=2, default=str)
+            json.dump({**existing, **REPORT}, handle, indent=2, default=str)
 
 
 def both_readers() -> tuple[HostSnapshot, HostSnapshot]:

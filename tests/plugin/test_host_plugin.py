@@ -297,3 +297,17 @@ def test_shm_removal_keeps_a_held_file_whatever_its_name(pytester: pytest.Pytest
         holder.stdout.close()
         for path in (held, free):
             path.unlink(missing_ok=True)
+
+
+def test_names_holding_commas_keep_every_number_in_place(pytester: pytest.Pytester, standin: Standin) -> None:
+    """The issue's misread: a comma in a name shifted columns ('143771 MiB used', or a ValueError
+    traceback for the process row). Anchored from both ends, every number lands in its field."""
+    standin("comma-names")
+    result = pytester.runpytest(*PREFLIGHT, "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "gpuready: host local via nvidia-smi, driver 580.159.04, 1x NVIDIA H200, rev. A (143771 MiB, SM90)*",
+        "  GPU 0: 21007 MiB used, held by pid 431 (/opt/serving, v2/bin/python3*) 20998 MiB",
+    ])
+    assert "143771 MiB used" not in result.stdout.str()
+    assert "Traceback" not in result.stdout.str()

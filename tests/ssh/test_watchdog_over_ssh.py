@@ -39,6 +39,20 @@ def masters(control_dir_prefix: str = "/tmp/gpuready-ssh-") -> dict[int, str]:
     return found
 
 
+def control_paths_of_children(parent: int) -> set[str]:
+    """The ControlPath of each ssh client that ``parent`` runs (the watchdog's session among them)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError, IndexError):
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if ppid == parent and argv[0].endswith(b"ssh"):
+                found |= {a.decode().split("=", 1)[1] for a in argv if a.startswith(b"ControlPath=")}
+    return found
+
+
 def test_sigkill_of_pytest_stops_its_server_on_the_ssh_host(
     pytester: pytest.Pytester, tmp_path: Path, loopback_sshd: LoopbackSshd, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -46,30 +60,30 @@ def test_sigkill_of_pytest_stops_its_server_on_the_ssh_host(
         monkeypatch.delenv(variable, raising=False)
     pytester.makepyfile(test_server=SERVER_TEST.format(command=STUBBORN))
     out = tmp_path / "stdout.txt"
-    masters_before = set(masters())
     with out.open("wb") as stdout:
         proc = subprocess.Popen(
             [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-s",
              "--vllm-ready-timeout", "600", *loopback_sshd.pytest_args(), str(pytester.path / "test_server.py")],
             cwd=pytester.path, stdout=stdout, stderr=subprocess.STDOUT,
         )
-    new_masters: dict[int, str] = {}
+    ours: set[str] = set()
     try:
         match = wait_for_output(proc, out, WATCHING, 300)
         sid, log = int(match.group(2)), match.group(3)
         wait_until(lambda: len(alive(sid)) >= 3, 60, "the remote server's processes")
-        new_masters = {pid: path for pid, path in masters().items() if pid not in masters_before}
-        assert len(new_masters) == 1, new_masters  # the run's one multiplexed connection
+        ours = control_paths_of_children(proc.pid)  # the watchdog's ssh client names the run's master
+        assert len(ours) == 1, ours
+        assert set(masters().values()) >= ours
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
         wait_until(lambda: not alive(sid), 60, f"remote session {sid} to be stopped after pytest died")
         # The ControlMaster outlived pytest, yet the server went: the session's EOF stopped it.
-        assert set(new_masters) <= set(masters())
+        assert set(masters().values()) >= ours
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-        for path in new_masters.values():  # the killed run's master: ours to end
+        for path in ours:  # the killed run's master: ours to end
             subprocess.run(["ssh", "-o", f"ControlPath={path}", "-O", "exit", "x"], capture_output=True,
                            timeout=30, check=False)
     wait_until(lambda: "processes gone " in Path(log).read_text(), 60, "the watchdog's last line")

@@ -71,7 +71,7 @@ def test_not_supported_optional_fields_become_none() -> None:
 
 def test_truncated_row_is_an_error_with_the_line() -> None:
     text = captured("h200x1-idle.txt")[:70]
-    with pytest.raises(ProbeError, match=r"line 1 has 4 columns, expected 10"):
+    with pytest.raises(ProbeError, match=r"line 1 has 4 fields, expected 10"):
         parse_query_gpu(text, host="box")
 
 
@@ -112,3 +112,44 @@ def test_split_csv_requires_the_asked_columns() -> None:
 )
 def test_nvidia_smi_failures_are_explained(output: str, code: int, expected: str) -> None:
     assert explain_nvidia_smi_failure(output, code).startswith(expected)
+
+
+def test_gpu_name_with_separator_keeps_every_number_in_its_field() -> None:
+    """The issue's misread: a comma in the GPU name shifted memory.total into memory.used."""
+    text = captured("h200x1-idle.txt").replace("NVIDIA H200", "NVIDIA H200, rev. A, 141GB")
+    (gpu,) = parse_query_gpu(text, host="box")
+    assert gpu.name == "NVIDIA H200, rev. A, 141GB"
+    assert (gpu.memory_used_mib, gpu.memory_total_mib, gpu.memory_reserved_mib) == (0, 143771, 616)
+    assert gpu.pci_bus_id == "00000000:00:06.0"
+    assert gpu.driver_version == "580.159.04"
+
+
+def test_process_name_with_separators_anywhere() -> None:
+    gpus = parse_query_gpu(captured("h200x1-idle.txt"))
+    for name in ("a, b", ", starts", "ends, ", "x, 512, y", "/opt/serving, v2/bin/python3, 7"):
+        (process,) = parse_query_compute_apps(f"77, {name}, 512, {H200_UUID}", gpus)
+        assert process.name == name.strip()
+        assert (process.pid, process.used_memory_mib, process.gpu_index) == (77, 512, 0)
+
+
+def test_row_with_extra_cells_and_no_free_text_field_is_an_error() -> None:
+    with pytest.raises(ProbeError, match=r"^box: nvidia-smi --query-gpu: line 1 has 5 fields, expected 3 "
+                                         r"\(index,memory.used,memory.total\)"):
+        parse_query_gpu("0, 1, 2, 3, 4", ("index", "memory.used", "memory.total"), "box")
+
+
+def test_a_shifted_number_is_an_error_not_a_misread() -> None:
+    """A row with one cell too few where a free-text field sits: the numbers do not fit their fields."""
+    row = f"0, {H200_UUID}, NVIDIA H200, 00000000:00:06.0, 0, 143771, 616, 121.88, 9.0, 580.159.04, extra"
+    text = row.replace("00000000:00:06.0, 0, ", "00000000:00:06.0, ")
+    with pytest.raises(ProbeError, match=r"line 1: compute_cap is '580.159.04', expected a compute capability "
+                                         r"like 9.0; the row does not fit the 10 fields asked"):
+        parse_query_gpu(text, host="box")
+
+
+def test_compute_apps_row_that_does_not_fit_is_an_error_not_a_traceback() -> None:
+    gpus = parse_query_gpu(captured("h200x1-idle.txt"))
+    with pytest.raises(ProbeError, match=r"line 1: pid is 'python3', expected a number"):
+        parse_query_compute_apps(f"python3, 431, 512, {H200_UUID}", gpus, host="box")
+    with pytest.raises(ProbeError, match=r"line 1 has 2 fields, expected 4"):
+        parse_query_compute_apps("431, python3", gpus, host="box")

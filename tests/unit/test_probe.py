@@ -56,7 +56,7 @@ def test_broken_driver_is_an_error_not_a_skip(standin: Standin) -> None:
 @pytest.mark.parametrize(
     ("scenario", "cause"),
     [
-        ("garbled", "line 1 has 4 columns, expected 10"),
+        ("garbled", "line 1 has 4 fields, expected 10"),
         ("na-memory", r"GPU 0: memory.used reads \[N/A\]"),
     ],
 )

@@ -278,3 +278,16 @@ def test_a_loading_deployment_has_no_reason() -> None:
     assert check.ok
     assert check.word == "loads"
     assert check.reason == ""
+
+
+def test_a_deployment_as_one_verdict() -> None:
+    failing = check_deployment(MIXTRAL, Layout(tp=3), (9, 0), "0.32.0").verdict()
+    assert not failing.ok
+    assert failing.summary.startswith("Mixtral-8x22B cannot be split at TP=3: 32000 is not divisible by 3")
+    assert failing.evidence["rule"] == "tensor_parallel"
+    undecided = check_deployment(QWEN3_30B, Layout(tp=4), None, "0.32.0").verdict()
+    assert undecided.needs == "the GPU's compute capability (pass --gpu-arch SM, or --gpu-host HOST)"
+    loading = check_deployment(MINIMAX, Layout(tp=8), (12, 0), "0.32.0").verdict()
+    assert loading.ok
+    assert loading.summary == "MiniMax-M2.5 at TP=8: every vLLM load rule holds (6 rules)"
+    assert any("refined from [128, 128] to [64, 64]" in w for w in loading.warnings)

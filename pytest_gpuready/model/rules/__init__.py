@@ -76,6 +76,28 @@ class DeploymentCheck:
             return "fails"
         return "undecided" if self.undecided else "loads"
 
+    def verdict(self) -> Verdict:
+        """One Verdict for the whole layout: vLLM's first failure (the others as details), else
+        undecided with what it needs, else a pass carrying every rule's warnings."""
+        layout = self.layout.describe()
+        first = self.first_failure
+        if first is not None:
+            name, verdict = first
+            others = [f"also ({n}): {v.summary}" for n, v in self.failures[1:]]
+            return Verdict.failed(verdict.summary, details=(*verdict.details, *others),
+                                  evidence={"rule": name, "layout": layout, **dict(verdict.evidence)},
+                                  rule_set=verdict.rule_set)
+        warnings = tuple(w for v in self.verdicts.values() for w in v.warnings)
+        pending = self.undecided
+        if pending:
+            name, verdict = pending[0]
+            return Verdict.undecided(f"{self.model} at {layout}: {verdict.summary}", needs=verdict.needs or "",
+                                     details=tuple(f"{n}: {v.summary}" for n, v in pending[1:]),
+                                     evidence={"rule": name, "layout": layout}, warnings=warnings)
+        return Verdict.passed(f"{self.model} at {layout}: every vLLM load rule holds ({len(self.verdicts)} rules)",
+                              details=tuple(f"{n}: {v.summary}" for n, v in self.verdicts.items()),
+                              evidence={"layout": layout}, warnings=warnings)
+
     @property
     def reason(self) -> str:
         """vLLM's words for the first failure, or what an undecided row needs; empty when it loads."""

@@ -1,0 +1,56 @@
+"""The pool never hands out a dead server: a server killed between tests fails later requests at once,
+with how it died, and its teardown says it had died. pytester runs, a real process killed with
+SIGKILL; the server is the labelled stand-in for vLLM's readiness routes (tests/standin/vllm_routes.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROUTES = f"{sys.executable} {Path(__file__).resolve().parents[1] / 'standin' / 'vllm_routes.py'}"
+
+TESTS = """
+import os, signal, time
+from pytest_gpuready import ServeSpec
+
+SPEC = ServeSpec(model="/m", served_model_name="m")
+
+def test_kill_it(vllm_server):
+    server = vllm_server(SPEC)
+    os.killpg(server.pid, signal.SIGKILL)  # the crash, between two tests
+    deadline = time.monotonic() + 60
+    while server.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not server.is_alive()
+
+def test_asks_again(vllm_server):
+    vllm_server(SPEC)
+
+def test_and_again(vllm_server):
+    vllm_server(SPEC)
+"""
+
+
+def test_a_dead_server_is_not_handed_out_and_its_teardown_says_it_died(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_dead=TESTS)
+    report = pytester.path / "report.json"
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vllm-cmd", ROUTES, f"--gpuready-json={report}")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines([
+        "*_ test_asks_again _*",
+        "vLLM m: the server died after it was ready (killed by SIGKILL): not handing it out again",
+        "*_ test_and_again _*",
+        "vLLM m: the server died after it was ready (killed by SIGKILL): not handing it out again",
+        "(this server died earlier in the session)",
+    ])
+    result.stdout.fnmatch_lines([
+        "gpuready: m: teardown clean in * s: the server had died before the stop (killed by SIGKILL); "
+        "0 processes stopped, /dev/shm clean",
+    ])
+    assert "Traceback" not in result.stdout.str()
+    (teardown,) = json.loads(report.read_text())["teardowns"]
+    assert (teardown["died"], teardown["exit_code"], teardown["stopped"]) == ("killed by SIGKILL", -9, [])

@@ -1,0 +1,186 @@
+"""A hung nvidia-smi: the probe names what hung, kills it with everything it started, and keeps the rest.
+
+The stand-in nvidia-smi (labelled; CI has no GPU) of the ``hang-*`` scenarios never answers one
+kind of call and leaves a child ``sleep`` behind, as a wedged driver call does; both write their
+pids to a directory, so the tests can check that nothing of the hung probe is left running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from pytest_gpuready import LocalHost, snapshot
+
+Standin = Callable[[str], Path]
+DEADLINE_S = 120
+"""Generous: the probes here finish a few seconds after their 2 s timeout; this only tells "finished"
+from "hung" (the issue's hung nvidia-smi was cut only after 120 s)."""
+
+
+def running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (a killed child waits to be reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def assert_all_gone(piddir: Path, at_least: int = 2) -> None:
+    """Every pid the hung stand-in recorded is gone (polled: SIGKILL is delivered asynchronously)."""
+    pids = [int(p.name) for p in piddir.iterdir()]
+    assert len(pids) >= at_least, f"the stand-in did not hang as planned: {pids}"  # else the test proves nothing
+    deadline = time.monotonic() + 60
+    while any(running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = [pid for pid in pids if running(pid)]
+    assert not survivors, f"still running after the probe timeout: {survivors}"
+
+
+@pytest.fixture
+def piddir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "pids"
+    path.mkdir()
+    monkeypatch.setenv("GPUREADY_STANDIN_PIDDIR", str(path))
+    return path
+
+
+SNAPSHOT_TEST = """
+def test_snapshot(gpu_snapshot):
+    print("ERRORS", gpu_snapshot.errors)
+    assert gpu_snapshot.shm is not None  # the sections that answered are still used
+"""
+
+
+def test_hung_query_gpu_is_named_killed_and_the_rest_kept(pytester: pytest.Pytester, standin: Standin,
+                                                          piddir: Path) -> None:
+    standin("hang-query-gpu")
+    started = time.monotonic()
+    result = pytester.runpytest_subprocess("--pyargs", "pytest_gpuready.preflight.test_host", "-k", "not shm",
+                                           "-p", "no:cacheprovider", "--gpu-probe-timeout", "2", timeout=DEADLINE_S)
+    assert time.monotonic() - started < DEADLINE_S
+    result.assert_outcomes(failed=2)  # the preflight reports "could not measure" in the test body
+    result.stdout.fnmatch_lines([
+        "*local: GPUs could not be read: nvidia-smi --query-gpu did not answer within 2 s",
+    ])
+    assert "Traceback" not in result.stdout.str()
+    assert_all_gone(piddir)
+
+
+def test_sections_that_answered_are_kept(pytester: pytest.Pytester, standin: Standin, piddir: Path) -> None:
+    standin("hang-query-gpu")
+    pytester.makepyfile(SNAPSHOT_TEST)
+    pytester.makeini("[pytest]\ngpu_probe_timeout = 2\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", timeout=DEADLINE_S)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*ERRORS {'gpus': 'nvidia-smi --query-gpu did not answer within 2 s'}"])
+    assert_all_gone(piddir)
+
+
+def test_hung_topology_fails_only_the_topology_test(pytester: pytest.Pytester, standin: Standin,
+                                                    piddir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    standin("hang-topo")
+    monkeypatch.setenv("GPUREADY_GPU_PROBE_TIMEOUT", "2")
+    result = pytester.runpytest_subprocess("--pyargs", "pytest_gpuready.preflight.test_host", "-k", "not shm",
+                                           "-p", "no:cacheprovider", timeout=DEADLINE_S)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*local: GPU topology could not be read: nvidia-smi topo -m did not answer "
+                                 "within 2 s"])
+    assert_all_gone(piddir)
+
+
+@pytest.mark.parametrize(("args", "env", "message"), [
+    (("--gpu-probe-timeout", "0"), {}, "ERROR: --gpu-probe-timeout '0': expected a number > 0"),
+    (("--gpu-probe-timeout", "soon"), {}, "ERROR: --gpu-probe-timeout 'soon': expected a number > 0"),
+    ((), {"GPUREADY_GPU_PROBE_TIMEOUT": "-1"}, "ERROR: $GPUREADY_GPU_PROBE_TIMEOUT '-1': expected a number > 0"),
+])
+def test_bad_probe_timeout_is_a_usage_error(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch,
+                                            args: tuple[str, ...], env: dict[str, str], message: str) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("-p", "no:cacheprovider", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_help_lists_the_probe_timeout(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest("--help")
+    result.stdout.fnmatch_lines(["*--gpu-probe-timeout=SECONDS*"])
+
+
+# ---------------------------------------------------------------- library level
+
+
+def test_a_probe_that_answers_leaves_no_watchdog_behind(standin: Standin) -> None:
+    """The watchdog's timer is stopped with the probe: no ``sleep`` of it outlives the snapshot."""
+    standin("h200-idle")
+    odd = 7.25  # a timeout no other process here sleeps for
+    snap = snapshot(LocalHost(), timeout=odd)
+    assert snap.errors == {}
+
+    def watchdog_sleeps() -> list[int]:
+        found = []
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if (entry / "cmdline").read_bytes() == b"sleep\x007.25\x00" and running(int(entry.name)):
+                        found.append(int(entry.name))
+                except OSError:
+                    continue
+        return found
+
+    deadline = time.monotonic() + 30
+    while watchdog_sleeps() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert watchdog_sleeps() == []
+
+
+def test_command_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
+    """LocalHost.run: past its timeout the command's grandchildren die too, not only its sh."""
+    from pytest_gpuready.host.hosts import CommandTimeout
+
+    pidfile = tmp_path / "pids"
+    with pytest.raises(CommandTimeout, match=r"^local: command timed out after 1 s$") as info:
+        LocalHost().run(f"sleep 600 & echo $! >> {pidfile}; (sleep 600 & echo $! >> {pidfile}; wait) & "
+                        "echo partial; wait", timeout=1)
+    assert info.value.stdout == "partial\n"  # what it printed before the cut comes back
+    pids = [int(line) for line in pidfile.read_text().split()]
+    assert len(pids) == 2
+    deadline = time.monotonic() + 30
+    while any(running(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(running(p) for p in pids)
+
+
+def test_the_watchdog_never_acts_outside_a_session_of_its_own(standin: Standin, piddir: Path) -> None:
+    """Run the probe script in *this* process group (not a session of its own): the watchdog must
+    not kill anything (it cannot tell its group is only the probe's), and says the sections hung."""
+    import subprocess
+
+    from pytest_gpuready.host.probe import build_probe_script
+
+    standin("hang-query-gpu")
+    proc = subprocess.Popen(["sh", "-c", build_probe_script(timeout_s=1)], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while len(list(piddir.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2)  # past the watchdog's deadline: it has decided by now
+        assert running(os.getpid())  # this process (same group) was not killed
+        assert all(running(int(p.name)) for p in piddir.iterdir())  # nor the hung stand-in
+    finally:
+        for entry in piddir.iterdir():  # ours to end: started by this test
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), 9)
+        proc.wait(timeout=60)
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        proc.stdout.close()
+    assert "@@timeout 1" in out  # it did see the deadline pass, and stood back

@@ -1,0 +1,73 @@
+"""``--gpu-reap-orphans`` end to end with pytester: the built-in preflight, a real orphaned stand-in
+engine (a real process named ``VLLM::EngineCore``, re-parented to pid 1) and the labelled stand-in
+nvidia-smi listing its pid in the captured H200 row (``h200-orphan-enginecore``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.engines import orphaned_engine, served_engine
+
+Standin = Callable[[str], Path]
+PREFLIGHT = ("--pyargs", "pytest_gpuready.preflight.test_host", "-k", "gpus", "-p", "no:cacheprovider")
+
+
+def test_without_the_option_the_orphan_is_named_and_left_alone(
+    pytester: pytest.Pytester, standin: Standin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    standin("h200-orphan-enginecore")
+    with orphaned_engine() as engine:
+        monkeypatch.setenv("GPUREADY_STANDIN_PIDS", f"3504={engine.pid}")
+        result = pytester.runpytest(*PREFLIGHT)
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines([
+            f"  GPU 0: 71832 MiB used, held by pid {engine.pid} (VLLM::EngineCore, an orphaned vLLM engine: its API "
+            f"server is gone, parent pid 1) 71824 MiB; stop it with: kill {engine.pid}",
+        ])
+        assert engine.alive()
+
+
+def test_with_the_option_the_orphan_is_stopped_and_the_gpu_reads_clean(
+    pytester: pytest.Pytester, standin: Standin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    standin("h200-orphan-enginecore")
+    with orphaned_engine(ignore_term=True) as engine:
+        monkeypatch.setenv("GPUREADY_STANDIN_PIDS", f"3504={engine.pid}")
+        result = pytester.runpytest(*PREFLIGHT, "--gpu-reap-orphans", "--junitxml=junit.xml")
+        result.assert_outcomes(passed=1)
+        result.stdout.fnmatch_lines([
+            f"gpuready: stopped orphaned vLLM engines on local: pid {engine.pid} (VLLM::EngineCore) 71824 MiB "
+            "on GPU 0 (needed SIGKILL)",
+        ])
+        assert not engine.alive()
+        junit = (pytester.path / "junit.xml").read_text()
+        assert f'name="gpuready.orphans_stopped" value="{engine.pid}:71824"' in junit
+
+
+def test_the_env_var_turns_it_on_and_a_served_engine_is_never_touched(
+    pytester: pytest.Pytester, standin: Standin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    standin("h200-orphan-enginecore")
+    monkeypatch.setenv("GPUREADY_GPU_REAP_ORPHANS", "1")
+    with served_engine() as engine:
+        monkeypatch.setenv("GPUREADY_STANDIN_PIDS", f"3504={engine.pid}")
+        result = pytester.runpytest(*PREFLIGHT)
+        result.assert_outcomes(failed=1)
+        result.stdout.fnmatch_lines([
+            f"  GPU 0: 71832 MiB used, held by pid {engine.pid} (VLLM::EngineCore, a vLLM engine of the running "
+            "server pid *) 71824 MiB",
+        ])
+        assert "stopped orphaned" not in result.stdout.str()
+        assert engine.alive()
+
+
+def test_a_bad_env_value_is_a_usage_error(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUREADY_GPU_REAP_ORPHANS", "perhaps")
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: $GPUREADY_GPU_REAP_ORPHANS 'perhaps': *"])
