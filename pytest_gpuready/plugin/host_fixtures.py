@@ -28,7 +28,7 @@ from pytest_gpuready.host.host_list import display_names, merge_hosts, read_host
 from pytest_gpuready.host.hosts import Host, HostSpec, parse_host_spec, validate_ssh_option
 from pytest_gpuready.host.orphans import find_orphans, reap_orphans
 from pytest_gpuready.host.probe import DEFAULT_PROBE_TIMEOUT_S, READERS
-from pytest_gpuready.host.shm import remove_leftovers, shm_display_name
+from pytest_gpuready.host.shm import LEAK_PATTERNS, remove_leftovers, shm_display_name
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_session import (
@@ -121,6 +121,22 @@ SHM_MIN_FREE_MIB = s.Setting(
     f"Free space /dev/shm must have (default {DEFAULT_SHM_MIN_FREE_MIB}).",
     s.parse_non_negative_int, DEFAULT_SHM_MIN_FREE_MIB, metavar="MIB",
 )
+def _parse_leak_patterns(text: str) -> tuple[str, ...]:
+    patterns = tuple(line.strip() for line in text.splitlines() if line.strip())
+    if not patterns:
+        raise ValueError("expected at least one file name pattern like 'psm_*'")
+    bad = next((p for p in patterns if "/" in p or "\0" in p), None)
+    if bad is not None:
+        raise ValueError(f"{bad!r} is not a file name pattern (no '/'): /dev/shm names are matched, not paths")
+    return patterns
+
+
+SHM_LEAK_PATTERNS: s.Setting[tuple[str, ...]] = s.Setting(
+    "shm_leak_patterns", "--shm-leak-pattern", "GPUREADY_SHM_LEAK_PATTERNS", "shm_leak_patterns",
+    f"/dev/shm names that count as leftovers when no process holds them (repeatable; env/ini one a line; "
+    f"default {', '.join(LEAK_PATTERNS)}). Narrowing them narrows what --shm-remove-leftovers may remove.",
+    _parse_leak_patterns, LEAK_PATTERNS, metavar="GLOB", multiple=True,
+)
 SHM_REMOVE_LEFTOVERS = s.Setting(
     "shm_remove_leftovers", "--shm-remove-leftovers", "GPUREADY_SHM_REMOVE_LEFTOVERS", "shm_remove_leftovers",
     "Remove /dev/shm leftovers that no live process holds, and say what was removed (default: remove nothing).",
@@ -137,7 +153,7 @@ GPU_REAP_ORPHANS = s.Setting(
 
 HOST_SETTINGS: tuple[s.Setting[Any], ...] = (
     GPU_HOST, GPU_HOSTS_FILE, GPU_IDS, GPU_MAX_USED_MIB, GPU_READER, SSH_IDENTITY, SSH_OPTIONS, SSH_CONNECT_TIMEOUT,
-    GPU_PROBE_TIMEOUT, SHM_MIN_FREE_MIB, SHM_REMOVE_LEFTOVERS, GPU_REAP_ORPHANS,
+    GPU_PROBE_TIMEOUT, SHM_MIN_FREE_MIB, SHM_LEAK_PATTERNS, SHM_REMOVE_LEFTOVERS, GPU_REAP_ORPHANS,
 )
 
 REAP_RELEASE_TIMEOUT_S = 60.0
@@ -316,9 +332,10 @@ def _shm_clean(request: pytest.FixtureRequest, min_free_mib: int | None) -> Verd
     config = request.config
     session = host_session_of(request)
     minimum = min_free_mib if min_free_mib is not None else SHM_MIN_FREE_MIB.get(config)
-    verdict = checked(lambda: check_shm_clean(session.snapshot(), min_free_mib=minimum))
+    patterns = SHM_LEAK_PATTERNS.get(config)
+    verdict = checked(lambda: check_shm_clean(session.snapshot(), min_free_mib=minimum, patterns=patterns))
     if not verdict.ok and SHM_REMOVE_LEFTOVERS.get(config):
-        removed = checked(lambda: remove_leftovers(session.host, session.snapshot().require_shm()))
+        removed = checked(lambda: remove_leftovers(session.host, session.snapshot().require_shm(), patterns))
         if removed:
             request.node.user_properties.append(
                 ("gpuready.shm_removed", ", ".join(shm_display_name(name) for name in removed)))
@@ -326,7 +343,8 @@ def _shm_clean(request: pytest.FixtureRequest, min_free_mib: int | None) -> Verd
             if reporter is not None:
                 shown = ", ".join(shm_display_name(name) for name in removed)
                 reporter.write_line(f"\ngpuready: removed from /dev/shm on {session.host.name}: {shown}")
-        verdict = checked(lambda: check_shm_clean(session.snapshot(refresh=True), min_free_mib=minimum))
+        verdict = checked(lambda: check_shm_clean(session.snapshot(refresh=True), min_free_mib=minimum,
+                                                  patterns=patterns))
     return expect(verdict, request.node, "shm_clean")
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from pytest_gpuready.host.checks import check_gpus_clean, check_shm_clean, check_topology
 from pytest_gpuready.host.snapshot import HostSnapshot
-from pytest_gpuready.plugin.host_fixtures import GPU_IDS, GPU_MAX_USED_MIB, SHM_MIN_FREE_MIB
+from pytest_gpuready.plugin.host_fixtures import GPU_IDS, GPU_MAX_USED_MIB, SHM_LEAK_PATTERNS, SHM_MIN_FREE_MIB
 from pytest_gpuready.plugin.outcomes import checked, expect
 
 pytestmark = pytest.mark.gpuready
@@ -23,7 +23,8 @@ def test_gpus_are_clean(gpu_snapshot: HostSnapshot, request: pytest.FixtureReque
 
 def test_shm_is_clean(gpu_snapshot: HostSnapshot, request: pytest.FixtureRequest) -> None:
     """No psm_*, sem.mp-*, nccl-* or vLLM leftovers in /dev/shm, and room for NCCL."""
-    verdict = checked(lambda: check_shm_clean(gpu_snapshot, min_free_mib=SHM_MIN_FREE_MIB.get(request.config)))
+    verdict = checked(lambda: check_shm_clean(gpu_snapshot, min_free_mib=SHM_MIN_FREE_MIB.get(request.config),
+                                              patterns=SHM_LEAK_PATTERNS.get(request.config)))
     expect(verdict, request.node, "shm_clean")
 
 

@@ -246,9 +246,11 @@ def test_shm_marker_reports_and_optionally_removes_leftovers(pytester: pytest.Py
 
     if os.geteuid() != 0:
         pytest.skip("removal needs root: only root can see every process's open files")
-    result = pytester.runpytest("-p", "no:cacheprovider", "--shm-remove-leftovers")
+    # only this test's file may be judged and removed: other runs on this machine leave theirs meanwhile
+    result = pytester.runpytest("-p", "no:cacheprovider", "--shm-remove-leftovers",
+                                "--shm-leak-pattern", leftover.name)
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines([f"*gpuready: removed from /dev/shm on local: *{leftover.name}*"])
+    result.stdout.fnmatch_lines([f"gpuready: removed from /dev/shm on local: /dev/shm/{leftover.name}"])
     assert not leftover.exists()
 
 
@@ -281,9 +283,10 @@ def test_shm_removal_keeps_a_held_file_whatever_its_name(pytester: pytest.Pytest
                 pass
         """)
         pytester.makeini("[pytest]\nfilterwarnings = ignore::pytest_gpuready.errors.GpuReadyWarning\n")
-        result = pytester.runpytest("-p", "no:cacheprovider", "--shm-remove-leftovers")
+        result = pytester.runpytest("-p", "no:cacheprovider", "--shm-remove-leftovers",
+                                    "--shm-leak-pattern", f"*{tag}*")  # never another run's files
         # the name is shown on one line, its newline escaped
-        removed_line = f"*gpuready: removed from /dev/shm on local: *\"/dev/shm/vllm cache\\nfree '{tag}'\"*"
+        removed_line = f"gpuready: removed from /dev/shm on local: \"/dev/shm/vllm cache\\nfree '{tag}'\""
         result.stdout.fnmatch_lines([removed_line])
         assert f"vllm cache X-{tag}" not in result.stdout.str()
         assert held.exists()  # a live process holds it: never removed
@@ -311,3 +314,15 @@ def test_names_holding_commas_keep_every_number_in_place(pytester: pytest.Pytest
     ])
     assert "143771 MiB used" not in result.stdout.str()
     assert "Traceback" not in result.stdout.str()
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("/dev/shm/psm_*", "ERROR: --shm-leak-pattern '/dev/shm/psm_*': '/dev/shm/psm_*' is not a file name pattern "
+                       "(no '/'): /dev/shm names are matched, not paths"),
+    (" ", "ERROR: --shm-leak-pattern ' ': expected at least one file name pattern like 'psm_*'"),
+])
+def test_bad_leak_pattern_is_a_usage_error(pytester: pytest.Pytester, value: str, message: str) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--shm-leak-pattern", value)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message.replace("[", "[[]")])
