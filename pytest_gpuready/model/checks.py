@@ -771,6 +771,7 @@ def check_memory_fit(
     vllm_version: VllmVersion | str | None = None,
     reserve_gib: float | None = None,
     pipeline_parallel_size: int = 1,
+    data_parallel_size: int = 1,
     ep: bool = False,
     dtype: str = "auto",
     quantization: str | None = None,
@@ -788,23 +789,29 @@ def check_memory_fit(
     device ...`` when a GPU lacks the budget, ``No available memory for the cache blocks``, ``To serve
     at least one request ...``, or a max_model_len above the config's. ``reserve_gib`` replaces the
     model's non-weight terms by one fixed figure (the 0.1 behaviour). Sources: vllm-invariants.md §3.
+    ``data_parallel_size`` engines of TP x PP GPUs each take ``gpus`` in order; every GPU is judged
+    (a MoE model's experts are split over TP x DP ranks).
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if pipeline_parallel_size < 1:
         raise ValueError(f"pipeline_parallel_size must be >= 1, got {pipeline_parallel_size}")
+    if data_parallel_size < 1:
+        raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
     version = _version(vllm_version)
     present = snapshot.require_gpus()
     host = snapshot.host
-    world = tp * pipeline_parallel_size
+    dp = data_parallel_size
+    world = tp * pipeline_parallel_size * dp
     if gpus is None:
         selected = sorted(present, key=lambda g: g.index)[:world]
     else:
         selected = [snapshot.gpu(i) for i in gpus][:world]
-    evidence: dict[str, Any] = {"host": host, "tp": tp, "pp": pipeline_parallel_size,
+    evidence: dict[str, Any] = {"host": host, "tp": tp, "pp": pipeline_parallel_size, "dp": dp,
                                 "gpus": [g.index for g in selected],
                                 "gpu_memory_utilization": gpu_memory_utilization}
-    layout = f"TP={tp}" + (f" PP={pipeline_parallel_size}" if pipeline_parallel_size > 1 else "")
+    layout = ((f"DP={dp} " if dp > 1 else "") + f"TP={tp}"
+              + (f" PP={pipeline_parallel_size}" if pipeline_parallel_size > 1 else ""))
     if len(selected) < world:
         have = ", ".join(str(g.index) for g in (present if gpus is None else selected)) or "none"
         return Verdict.failed(f"{layout} needs {world} GPUs; {host} offers {len(selected)} (GPUs {have})",
@@ -843,7 +850,7 @@ def check_memory_fit(
         gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         kv_cache_dtype=kv.name, dtype=dtype, quantization=quantization, enforce_eager=enforce_eager,
-        pipeline_parallel_size=pipeline_parallel_size)
+        pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=dp)
     plan = memory_plan(model, total_bytes, tp, ep=ep, settings=settings, kv_cache_dtype=kv.name,
                        version=version, gpu_name=smallest.name, reserve_gib=reserve_gib)
     return memory_verdict(model, plan, layout, kv, evidence, warnings)

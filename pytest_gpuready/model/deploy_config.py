@@ -108,6 +108,8 @@ class Deployment:
     ep: bool = False
     pp: int = 1
     """``--pipeline-parallel-size``: the deployment uses tp x pp GPUs."""
+    dp: int = 1
+    """``--data-parallel-size``: dp engines of tp x pp GPUs each (``gpus`` lists all tp x pp x dp)."""
     kv_cache_dtype: str = "auto"
     gpu_arch: tuple[int, int] | None = None
     vllm_version: VllmVersion | None = None
@@ -125,6 +127,8 @@ class Deployment:
         args = [self.model_path, "--tensor-parallel-size", str(self.tp)]
         if self.pp > 1:
             args += ["--pipeline-parallel-size", str(self.pp)]
+        if self.dp > 1:
+            args += ["--data-parallel-size", str(self.dp)]
         if self.ep:
             args.append("--enable-expert-parallel")
         if self.kv_cache_dtype != "auto":
@@ -354,7 +358,7 @@ def _human_int(text: str) -> int | None:
     return int(value) if value == int(value) else None
 
 
-DEPLOYMENT_KEYS = ("name", "description", "model", "gpus", "tp", "pp", "ep", "kv_cache_dtype",
+DEPLOYMENT_KEYS = ("name", "description", "model", "gpus", "tp", "pp", "dp", "ep", "kv_cache_dtype",
                    "gpu_arch", "vllm_version", "serve", "expect")
 SERVE_KEYS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "dtype",
               "quantization", "enforce_eager", "extra_args", "env")
@@ -520,12 +524,16 @@ def _deployment(file: str, base_dir: Path, position: int, raw: Any,
     else:
         tp = ctx.int("tp", data["tp"])
     pp = ctx.int("pp", data["pp"]) if data.get("pp") is not None else 1
-    if data.get("tp") is None and gpus is not None and pp > 1:
-        if len(gpus) % pp:
-            raise ctx.error("gpus", f"a multiple of pp={pp} GPU indexes", list(gpus))
-        tp = len(gpus) // pp
-    if gpus is not None and len(gpus) != tp * pp:
-        expected = f"exactly tp={tp} GPU indexes" if pp == 1 else f"exactly tp x pp = {tp * pp} GPU indexes"
+    dp = ctx.int("dp", data["dp"]) if data.get("dp") is not None else 1
+    if data.get("tp") is None and gpus is not None and pp * dp > 1:
+        if len(gpus) % (pp * dp):
+            what = " x ".join(f"{k}={v}" for k, v in (("pp", pp), ("dp", dp)) if v > 1)
+            raise ctx.error("gpus", f"a multiple of {what} GPU indexes", list(gpus))
+        tp = len(gpus) // (pp * dp)
+    if gpus is not None and len(gpus) != tp * pp * dp:
+        sizes = " x ".join(f"{k}" for k, v in (("tp", tp), ("pp", pp), ("dp", dp)) if k == "tp" or v > 1)
+        expected = (f"exactly tp={tp} GPU indexes" if pp * dp == 1
+                    else f"exactly {sizes} = {tp * pp * dp} GPU indexes")
         raise ctx.error("gpus", expected, list(gpus))
     kv = data.get("kv_cache_dtype", "auto")
     if kv not in KV_CACHE_DTYPES:
@@ -551,7 +559,7 @@ def _deployment(file: str, base_dir: Path, position: int, raw: Any,
     if description is not None and not isinstance(description, str):
         raise ctx.error("description", "a string", description)
     return Deployment(
-        name=name, model=model, model_path=model_path, tp=tp, gpus=gpus, pp=pp,
+        name=name, model=model, model_path=model_path, tp=tp, gpus=gpus, pp=pp, dp=dp,
         ep=ctx.bool("ep", data.get("ep", False)), kv_cache_dtype=kv, gpu_arch=arch,
         vllm_version=version, serve=_serve(ctx, ctx.mapping("serve", data.get("serve"))),
         expect=_expect(ctx, ctx.mapping("expect", data.get("expect"))),

@@ -17,6 +17,7 @@ Bytes per weight, by quantization (the formats as their producers write them):
   ``n x k`` block; per-tensor fp8: 1 byte plus one float32 scale;
 * ModelOpt / compressed-tensors NVFP4 (``group_size 16``): half a byte, plus one FP8 scale per
   16 weights and a float32 global scale per tensor;
+* MXFP4 (gpt-oss): half a byte, plus one e8m0 scale byte per 32 weights;
 * 4-bit integer (AWQ, GPTQ, compressed-tensors ``int4``): half a byte, plus a 16-bit scale and
   a 4-bit zero point per group (128 unless the config says otherwise);
 * 8-bit (compressed-tensors ``float8``/``int8`` channel-wise): 1 byte plus a float32 scale
@@ -75,6 +76,9 @@ class DerivedWeights:
     """Weights in the checkpoint, counted as the model's parameters (not the packed elements)."""
     bytes_per_weight: str
     """How the quantized weights were sized, e.g. ``fp8 block [128, 128]: 1 byte + fp32 scale per block``."""
+    routed_expert_bytes: int = 0
+    """Bytes of the routed experts of the loaded layers: with data parallelism vLLM splits them over
+    TP x DP ranks (``FusedMoEParallelConfig.make``) while the rest stays split over TP."""
 
 
 def _dtype_bytes(config_dtype: str) -> int:
@@ -222,6 +226,10 @@ def _weight_format(quant: Any) -> _Format | None:
             n, k = quant.weight_block_size
             return _Format(f"fp8 block [{n}, {k}]: 1 byte + a float32 scale per block", 8, block=(n, k))
         return _Format("fp8 per tensor: 1 byte + a float32 scale", 8, per_tensor_bytes=8)
+    if method == "mxfp4":
+        # gpt-oss: each expert weight as 4-bit ``*_blocks`` and one e8m0 ``*_scales`` byte per 32
+        # (OCP MX); attention, router and embeddings stay 16-bit (``modules_to_not_convert``).
+        return _Format("mxfp4: 1/2 byte + an e8m0 scale per 32 weights", 4, group=32, group_scale_bytes=1.0)
     if method in ("modelopt_fp4",) or "fp4" in algo or algo == "float4":
         return _Format("nvfp4: 1/2 byte + an fp8 scale per 16 weights", 4, group=16,
                        group_scale_bytes=1.0, per_tensor_bytes=8)
@@ -250,7 +258,8 @@ def _excluded(patterns: tuple[str, ...], name: str) -> bool:
                 return True
             continue
         if any(ch in pattern for ch in "*?["):
-            if any(fnmatch.fnmatchcase(v, pattern) or fnmatch.fnmatchcase(v, "*." + pattern) for v in variants):
+            # A glob names a module or any tensor under it ("model.layers.*.self_attn" in gpt-oss).
+            if any(fnmatch.fnmatchcase(v, p) for v in variants for p in (pattern, "*." + pattern, pattern + ".*")):
                 return True
             continue
         if "." not in pattern:
@@ -267,7 +276,7 @@ def derive_weights(spec: Any) -> DerivedWeights:
     fmt = _weight_format(spec.quantization)
     excluded = spec.quantization.excluded_modules if spec.quantization else ()
     plain = _dtype_bytes(spec.torch_dtype)
-    total = replicated = unused = params = 0
+    total = replicated = unused = params = experts = 0
     for tensor in architecture_tensors(spec):
         quantized = fmt is not None and tensor.linear and not _excluded(excluded, tensor.name)
         plain_size = tensor.numel * (tensor.stored_bytes or plain)
@@ -278,5 +287,7 @@ def derive_weights(spec: Any) -> DerivedWeights:
             unused += size
         elif tensor.replicated:
             replicated += size
+        elif ".mlp.experts." in tensor.name:
+            experts += size
     label = fmt.label if fmt else f"{spec.torch_dtype}: {plain} bytes per weight"
-    return DerivedWeights(total, replicated, unused, params, label)
+    return DerivedWeights(total, replicated, unused, params, label, experts)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from pytest_gpuready.model.derived_weights import derive_weights
 from pytest_gpuready.model.spec import DERIVED, ModelSpec, Weights, derived_weights_for
 from pytest_gpuready.model.vllm_version import VllmVersion
 
@@ -81,6 +82,8 @@ class ServeSettings:
     """``--quantization``: ``fp8`` quantizes a 16-bit checkpoint's linear weights online to 1 byte."""
     enforce_eager: bool = False
     pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    """``--data-parallel-size``: DP engines; a MoE model's experts are split over TP x DP ranks."""
     api_server: bool = True
     """``vllm serve`` (True) or the ``LLM`` class: their default max_num_batched_tokens differ."""
 
@@ -193,12 +196,35 @@ def _activation_dtype_bytes(model: ModelSpec, settings: ServeSettings) -> int:
     return 4 if name in ("float32", "float") else 2
 
 
+def routed_expert_bytes(model: ModelSpec, weights: Weights) -> int:
+    """The routed experts' share of the loaded weights: derived from the architecture
+    (:func:`derive_weights`), scaled to the checkpoint's real loaded bytes."""
+    if not model.is_moe:
+        return 0
+    derived = derive_weights(model)
+    loaded_derived = derived.total_bytes - derived.unused_bytes
+    if derived.routed_expert_bytes <= 0 or loaded_derived <= 0:
+        return 0
+    loaded = weights.total_bytes - weights.unused_bytes
+    return int(derived.routed_expert_bytes * loaded / loaded_derived)
+
+
 def weights_term(model: ModelSpec, tp: int, pp: int, settings: ServeSettings) -> MemoryTerm:
-    """Weights on the most loaded GPU, with ``--dtype float32`` and online ``--quantization fp8``."""
+    """Weights on the most loaded GPU, with ``--dtype float32`` and online ``--quantization fp8``.
+
+    With data parallelism a MoE model's routed experts are split over TP x DP ranks (by TP
+    without EP, by whole experts with it: ``FusedMoEParallelConfig.make``), the rest over TP."""
     weights: Weights = model.weights or derived_weights_for(model)
     per_gpu = weights.per_gpu_bytes(tp)
     how = "read" if weights.from_headers else "derived"
     notes = [weights.provenance()]
+    dp = settings.data_parallel_size
+    experts = routed_expert_bytes(model, weights) if dp > 1 else 0
+    if experts:
+        per_gpu -= experts // max(1, tp) - experts // (max(1, tp) * dp)
+        notes.append(f"DP={dp}: the routed experts ({experts / GIB:.1f} GiB, their share derived from "
+                     f"config.json) are split over TP x DP = {tp * dp} ranks "
+                     "(fused_moe/config.py:FusedMoEParallelConfig.make)")
     if pp > 1:
         # Layers split evenly over PP ranks (get_pp_indices); the embedding sits on the first rank
         # and the LM head on the last, so the biggest rank holds ceil(L/pp) layers and one of them.
@@ -220,20 +246,22 @@ def weights_term(model: ModelSpec, tp: int, pp: int, settings: ServeSettings) ->
     return MemoryTerm("weights", per_gpu, how if len(notes) == 1 else "derived", "; ".join(notes))
 
 
-def forward_activation_bytes(model: ModelSpec, tp: int, ep: bool, tokens: int, dtype_bytes: int) -> int:
+def forward_activation_bytes(model: ModelSpec, tp: int, ep: bool, tokens: int, dtype_bytes: int,
+                             dp: int = 1) -> int:
     """Live tensors at the widest point of one decoder layer in the profile's dummy forward pass.
 
     Dense MLP: residual, normed input and the down projection's output (3 x hidden), ``gate_up``
     output (2 x I / TP) and the activation output (I / TP). Fused MoE (``fused_moe.py`` workspaces, at most
     ``VLLM_FUSED_MOE_CHUNK_SIZE`` tokens at once): per routed token ``2N + N + hidden`` with
-    ``N = I_moe / moe_tp``. Attention: the QKV output and the attention output.
+    ``N = I_moe / moe_tp`` (moe_tp = TP x DP without EP, 1 with it). Attention: the QKV output and
+    the attention output.
     """
     hidden = model.hidden_size
     widest = 0
     if model.intermediate_size and model.dense_layer_count:
         widest = max(widest, tokens * (3 * hidden + 3 * model.intermediate_size // tp))
     if model.is_moe:
-        moe_tp = 1 if ep else tp
+        moe_tp = 1 if ep else tp * max(1, dp)
         width = (model.moe_intermediate_size or 0) // moe_tp
         chunk = min(tokens, FUSED_MOE_CHUNK)
         topk = model.num_experts_per_tok or 1
@@ -293,7 +321,8 @@ def plan_memory(
         total_bytes, gpu_name, settings.api_server)
     dtype_bytes = _activation_dtype_bytes(model, settings)
     requests = min(seqs, batched)
-    forward = forward_activation_bytes(model, tp, ep, batched, dtype_bytes)
+    dp = settings.data_parallel_size
+    forward = forward_activation_bytes(model, tp, ep, batched, dtype_bytes, dp)
     sampler = sampler_bytes(model, requests, version)
     mode = "eager" if settings.enforce_eager else "compiled"
     terms = [
@@ -310,6 +339,12 @@ def plan_memory(
         non_torch += COMMUNICATOR_BYTES
         where += (f"; + {COMMUNICATOR_BYTES / GIB:.1f} GiB NCCL / custom all-reduce at TP x PP = {tp * pp} "
                   "(measured, H100, vLLM 0.19)")
+    elif dp > 1 and model.is_moe:
+        # The MoE layers of DP engines talk over a TP x DP (or EP) group: the same kind of
+        # communicator, its size taken as the TP one's (not measured at DP).
+        non_torch += COMMUNICATOR_BYTES
+        where += (f"; + {COMMUNICATOR_BYTES / GIB:.1f} GiB NCCL for the MoE layers' group over DP={dp} "
+                  "(the TP figure, not measured at DP)")
     terms.append(MemoryTerm("non-torch", non_torch, "measured", where))
     graphs = 0 if settings.enforce_eager else CUDAGRAPH_BYTES_PER_LAYER * math.ceil(model.num_layers / pp)
     outside: list[MemoryTerm] = []

@@ -463,7 +463,9 @@ def parse_quantization(
             excluded_modules=excluded, kv_cache_dtype=kv_dtype,
             kv_cache_source=f"{where}.{kv_key} (ModelOpt)" if kv_dtype else None,
         )
-    return Quantization(method=method, source=where)
+    # mxfp4 (gpt-oss), awq, gptq, ...: the modules they leave in 16-bit.
+    return Quantization(method=method, source=where, excluded_modules=_string_list(
+        qc.get("modules_to_not_convert"), source, f"{key_prefix}.modules_to_not_convert"))
 
 
 def _parse_compressed_tensors(qc: Mapping[str, Any], source: str, key_prefix: str) -> Quantization:

@@ -16,12 +16,14 @@ from collections.abc import Sequence
 from pytest_gpuready.errors import ConfigError, GpuReadyError
 from pytest_gpuready.host.hosts import connect
 from pytest_gpuready.host.probe import snapshot as probe_snapshot
+from pytest_gpuready.model.backends import parse_gpu_arch
 from pytest_gpuready.model.deploy_config import ServeArgs, _human_int
 from pytest_gpuready.model.spec import inspect_model
 from pytest_gpuready.model.vllm_version import parse_vllm_version
 from pytest_gpuready.plan.deploy_writer import deploy_document, write_deploy
-from pytest_gpuready.plan.planner import format_table, plan_layouts
+from pytest_gpuready.plan.planner import plan_layouts
 from pytest_gpuready.plan.presets import parse_gpus, preset_snapshot
+from pytest_gpuready.plan.table import format_table
 
 
 def _length(text: str) -> int:
@@ -41,15 +43,24 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _arch(text: str) -> tuple[int, int]:
+    try:
+        return parse_gpu_arch(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected sm90, sm120 or a compute capability like 8.6") from None
+
+
 def parser() -> argparse.ArgumentParser:
     top = argparse.ArgumentParser(prog="gpuready", description="pytest-gpuready tools")
     commands = top.add_subparsers(dest="command", required=True)
-    plan = commands.add_parser("plan", help="list every TP/PP/EP and KV-dtype layout, best first")
+    plan = commands.add_parser("plan", help="list every TP/PP/DP/EP and KV-dtype layout, best first")
     plan.add_argument("model_dir", metavar="MODEL_DIR",
                       help="model directory: a checkpoint, or only config.json (+ index, hf_quant_config.json)")
     where = plan.add_mutually_exclusive_group()
     where.add_argument("--gpu-host", metavar="HOST", help="probe this host's GPUs and topology (ssh or 'local')")
     where.add_argument("--gpus", metavar="NxNAME", help="plan on presets, e.g. 8xH100-80GB, 8xRTX-PRO-6000")
+    plan.add_argument("--gpu-arch", metavar="SM", type=_arch,
+                      help="the GPUs' compute capability (sm90, 8.6) where the probe does not report it")
     plan.add_argument("--vllm-version", metavar="V", help="the vLLM whose rules apply (default: newest)")
     plan.add_argument("--max-model-len", metavar="N", type=_length)
     plan.add_argument("--max-num-seqs", metavar="N", type=_length)
@@ -59,6 +70,8 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--write-deploy", metavar="FILE", help="write the best working layouts as a deploy file")
     plan.add_argument("--choose", metavar="N", type=int, default=1,
                       help="how many working layouts --write-deploy writes (default 1, the best)")
+    plan.add_argument("--commands", action="store_true",
+                      help="print the vllm serve command of every row (default: the best 3 that work)")
     return top
 
 
@@ -89,18 +102,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                       gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager)
     allow_long = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true")
     rows = plan_layouts(model, snap, model_path=args.model_dir, vllm_version=version, serve=serve,
-                        allow_long_max_model_len=allow_long)
+                        capability=args.gpu_arch, allow_long_max_model_len=allow_long)
     note = (f"rules: vLLM {version}" if version else
             "rules: newest (vLLM version unknown; pass --vllm-version)")
-    print(format_table(rows, model, snap.host, note))
+    print(format_table(rows, model, snap.host, note, all_commands=args.commands))
     working = [row for row in rows if row.ok]
     if args.write_deploy:
         if not working:
             print(f"gpuready plan: no layout works; {args.write_deploy} not written", file=sys.stderr)
             return 1
-        gpu = snap.require_gpus()[0]
+        chosen = working[:max(1, args.choose)]
         write_deploy(args.write_deploy, deploy_document(
-            model.name, args.model_dir, working[:max(1, args.choose)], serve=serve,
-            capability=gpu.compute_capability, version=version))
+            model.name, args.model_dir, chosen, serve=serve, capability=chosen[0].capability, version=version))
         print(f"\nwrote {min(len(working), max(1, args.choose))} deployment(s) to {args.write_deploy}")
     return 0 if working else 1

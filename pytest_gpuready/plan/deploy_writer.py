@@ -17,7 +17,8 @@ from pytest_gpuready.plan.planner import LayoutRow
 
 def deployment_name(model_name: str, row: LayoutRow) -> str:
     layout = row.layout
-    name = f"{model_name}-tp{layout.tp}" + (f"-pp{layout.pp}" if layout.pp > 1 else "")
+    name = (f"{model_name}-" + (f"dp{layout.dp}-" if layout.dp > 1 else "") + f"tp{layout.tp}"
+            + (f"-pp{layout.pp}" if layout.pp > 1 else ""))
     name += "-ep" if layout.ep else ""
     name += "" if layout.kv_cache_dtype == "auto" else f"-kv{layout.kv_cache_dtype}"
     return re.sub(r"[^A-Za-z0-9._-]", "-", name).lstrip("-._") or "model"
@@ -38,6 +39,8 @@ def deploy_document(model_name: str, model_path: str, rows: Sequence[LayoutRow],
             "model": os.path.abspath(model_path), "gpus": list(row.gpus), "tp": row.layout.tp}
         if row.layout.pp > 1:
             entry["pp"] = row.layout.pp
+        if row.layout.dp > 1:
+            entry["dp"] = row.layout.dp
         if row.layout.ep:
             entry["ep"] = True
         if row.layout.kv_cache_dtype != "auto":

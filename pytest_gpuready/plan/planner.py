@@ -1,147 +1,298 @@
-"""Every layout of a model on a host's GPUs, each judged by the model checks and the memory model.
+"""Every layout of a model on a host's GPUs, judged by every vLLM load rule and the memory model.
 
 Pure: a :class:`~pytest_gpuready.model.spec.ModelSpec` (read from a checkpoint or a config-only
 directory) and a :class:`~pytest_gpuready.host.snapshot.HostSnapshot` (probed, or built from a
-preset) in, :class:`LayoutRow` s out, sorted best first: every check passes, the TP group stays on
-one NUMA node, then the most KV tokens.
+preset) in, :class:`LayoutRow` s out, sorted best first: works, then undecided, then fails; the
+groups that talk most stay on one NUMA node (or PCIe switch, or NVLink); TP before PP; the most KV
+tokens; the fewest GPUs.
+
+Each row is judged by :func:`~pytest_gpuready.model.rules.check_deployment` (world size against
+the visible GPUs, TP divisibility in vLLM's order, EP, the quantization's minimum capability, FP8
+blocks, the attention backend, Marlin's tiles) and by
+:func:`~pytest_gpuready.model.checks.check_memory_fit`, each verdict kept. The reason a row does
+not work is the failure vLLM would raise first (``evidence["vllm_stage"]``; the memory verdict is
+staged here by where vLLM checks it). A rule that cannot decide without the GPU's compute
+capability leaves the row *undecided*, never working.
 """
 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from pytest_gpuready.host.snapshot import HostSnapshot
-from pytest_gpuready.model.backends import MIN_FP8_CAPABILITY, format_arch
-from pytest_gpuready.model.checks import (
-    GIB,
-    check_fp8_block_alignment,
-    check_memory_fit,
-    check_mla_kv_backend,
-    check_tp_divisibility,
-    effective_kv_cache_dtype,
-)
+from pytest_gpuready.model.backends import MIN_FP8_CAPABILITY
+from pytest_gpuready.model.checks import GIB, check_memory_fit, effective_kv_cache_dtype
 from pytest_gpuready.model.deploy_config import Deployment, ServeArgs
+from pytest_gpuready.model.layout import Layout
+from pytest_gpuready.model.rules import DeploymentCheck, check_deployment
+from pytest_gpuready.model.rules.common import BUILD, CONFIG, LOAD, stage_of, staged
+from pytest_gpuready.model.rules.marlin import is_fp8_weights
 from pytest_gpuready.model.spec import ModelSpec
 from pytest_gpuready.model.vllm_version import VllmVersion
+from pytest_gpuready.plan.placement import LOCAL, locality, place
 from pytest_gpuready.verdict import Verdict
 
-CHECKS = ("tp", "fp8", "mla", "memory")
+CHECKS: Mapping[str, str] = {
+    "world": "world_size",
+    "tp": "tensor_parallel",
+    "ep": "expert_parallel",
+    "quant": "quantization_capability",
+    "fp8": "fp8_block_alignment",
+    "attn": "attention_backend",
+    "marlin": "marlin_fp8_tiles",
+    "memory": "memory",
+}
+"""Column name -> the rule (``RULES`` key of :mod:`pytest_gpuready.model.rules`), in table order."""
+
+WORKS, UNDECIDED, FAILS = "works", "undecided", "fails"
+KV_SIZING = LOAD + 1
+"""After the weights are processed: ``determine_available_memory`` and the KV-cache check."""
 
 
-@dataclass(frozen=True)
-class Layout:
-    tp: int
-    pp: int = 1
-    ep: bool = False
-    kv_cache_dtype: str = "auto"
+def stage_memory(verdict: Verdict) -> Verdict:
+    """The memory verdict with where vLLM raises it: a max_model_len above the config's while
+    ``ModelConfig`` is built (the first config of ``create_engine_config``); ``Free memory on
+    device`` in ``Worker.init_device``, before the model is built; the KV-cache failures after
+    loading."""
+    evidence = verdict.evidence
+    if "kv_cache_bytes" in evidence:
+        return staged(verdict, KV_SIZING)
+    if "per_gpu" in evidence:
+        return staged(verdict, BUILD, -2)
+    if "derived_max_model_len" in evidence:
+        return staged(verdict, CONFIG, -1)
+    return staged(verdict, CONFIG)
 
-    def describe(self) -> str:
-        text = f"TP={self.tp}" + (f" PP={self.pp}" if self.pp > 1 else "") + (" +EP" if self.ep else "")
-        return text + ("" if self.kv_cache_dtype == "auto" else f" kv={self.kv_cache_dtype}")
+
+def applies(check: str, model: ModelSpec, layout: Layout, capability: tuple[int, int] | None) -> bool:
+    """Whether the check has anything to judge for this row (``-`` in the table otherwise)."""
+    quant = model.quantization
+    return {
+        "ep": layout.ep,
+        "quant": quant is not None,
+        "fp8": quant is not None and quant.is_fp8_block,
+        "attn": model.is_mla,
+        "marlin": is_fp8_weights(model) and (capability is None or capability < MIN_FP8_CAPABILITY),
+    }.get(check, True)
 
 
 @dataclass(frozen=True)
 class LayoutRow:
+    """One layout on its GPUs, with every check's verdict."""
+
     layout: Layout
     gpus: tuple[int, ...]
-    verdicts: dict[str, Verdict | None]
-    """Each check's verdict; None where it does not apply (MLA backend on a GQA model)."""
+    """In ``CUDA_VISIBLE_DEVICES`` order: DP rank r takes the r-th TP x PP block."""
+    rules: DeploymentCheck
+    memory: Verdict
     locality: str
-    """``NVLink``, ``one NUMA node``, ``crosses NUMA`` or ``unknown``."""
-    replicas: int
-    """How many copies of this layout the host's GPUs could run (data parallel)."""
+    """The worst group's: ``one GPU``, ``NVLink``, ``one PCIe switch``, ``one NUMA node``,
+    ``unknown`` or ``crosses NUMA`` (see :mod:`pytest_gpuready.plan.placement`)."""
     command: str
+    capability: tuple[int, int] | None
+    not_applicable: frozenset[str] = frozenset()
+    alike: tuple[Layout, ...] = ()
+    """Other layouts whose rows came out identical in every column (folded into this one)."""
 
     @property
-    def ok(self) -> bool:
-        return all(v is None or v.ok for v in self.verdicts.values())
-
-    @property
-    def numa_local(self) -> bool:
-        return self.locality in ("NVLink", "one NUMA node")
+    def verdicts(self) -> dict[str, Verdict]:
+        """Each column's verdict (:data:`CHECKS` order)."""
+        return {column: (self.memory if rule == "memory" else self.rules.verdicts[rule])
+                for column, rule in CHECKS.items() if rule == "memory" or rule in self.rules.verdicts}
 
     def word(self, check: str) -> str:
+        """``ok``, ``warn``, ``FAIL``, ``?`` (undecided) or ``-`` (nothing to judge)."""
         verdict = self.verdicts.get(check)
         if verdict is None:
-            return "n/a"
+            return "-"
+        if verdict.needs is not None:
+            return "?"
         if not verdict.ok:
             return "FAIL"
+        if check in self.not_applicable:
+            return "-"
         return "warn" if verdict.warnings else "ok"
 
     @property
+    def failures(self) -> list[tuple[str, Verdict]]:
+        """Failed (not undecided) verdicts in the order vLLM would meet them."""
+        failed = [(c, v) for c, v in self.verdicts.items() if not v.ok and v.needs is None]
+        return sorted(failed, key=lambda item: stage_of(item[1]))
+
+    @property
+    def pending(self) -> list[tuple[str, Verdict]]:
+        return [(c, v) for c, v in self.verdicts.items() if v.needs is not None]
+
+    @property
+    def status(self) -> str:
+        """``works``, ``undecided`` (nothing failed, something could not be decided) or ``fails``."""
+        if self.failures:
+            return FAILS
+        return UNDECIDED if self.pending else WORKS
+
+    @property
+    def ok(self) -> bool:
+        return self.status == WORKS
+
+    @property
+    def numa_local(self) -> bool:
+        return self.locality in LOCAL
+
+    @property
     def first_failure(self) -> str | None:
-        for check in CHECKS:
-            verdict = self.verdicts.get(check)
-            if verdict is not None and not verdict.ok:
-                return f"{check}: {verdict.summary}"
-        return None
+        """``check: vLLM's words`` for the failure vLLM would raise first."""
+        failures = self.failures
+        return f"{failures[0][0]}: {failures[0][1].summary}" if failures else None
+
+    @property
+    def reason(self) -> str:
+        """Why the row does not work: the first failure, else what the undecided checks need."""
+        first = self.first_failure
+        if first is not None:
+            return first
+        pending = self.pending
+        if not pending:
+            return ""
+        checks = ", ".join(c for c, _ in pending)
+        return f"undecided ({checks}): needs {pending[0][1].needs}"
 
     def memory_figure(self, key: str) -> float | None:
-        verdict = self.verdicts.get("memory")
-        value = verdict.evidence.get(key) if verdict is not None else None
-        return float(value) if isinstance(value, (int, float)) else None
+        value = self.memory.evidence.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     @property
     def kv_tokens(self) -> int:
+        """KV-cache tokens of one engine (what vLLM logs as ``GPU KV cache size``)."""
         return int(self.memory_figure("kv_cache_tokens") or 0)
+
+    @property
+    def layouts(self) -> tuple[Layout, ...]:
+        return (self.layout, *self.alike)
 
 
 def _sizes(count: int) -> list[int]:
     return [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= count]
 
 
-def _pick_gpus(snapshot: HostSnapshot, world: int, ids: Sequence[int]) -> tuple[int, ...]:
-    """The lowest GPUs that stay on one NUMA node when ``world`` fits on one, else the lowest."""
-    numa = snapshot.topology.numa_affinity if snapshot.topology else {}
-    nodes: dict[int | None, list[int]] = {}
-    for index in ids:
-        nodes.setdefault(numa.get(index), []).append(index)
-    for node, members in sorted(nodes.items(), key=lambda item: (item[0] is None, item[0] or 0)):
-        if node is not None and len(members) >= world:
-            return tuple(members[:world])
-    return tuple(list(ids)[:world])
+def _dp_sizes(count: int) -> list[int]:
+    """Powers of two, and every GPU used (DP=3 of TP=2 on six GPUs)."""
+    return sorted({*_sizes(count), count}) if count >= 1 else []
 
 
-def locality(snapshot: HostSnapshot, gpus: Sequence[int]) -> str:
-    topology = snapshot.topology
-    if topology is None or len(gpus) < 2:
-        return "one GPU" if len(gpus) == 1 else "unknown"
-    pairs = [(a, b) for i, a in enumerate(gpus) for b in gpus[i + 1:]]
-    links = [topology.link(a, b) for a, b in pairs]
-    if links and all(link is not None and link.startswith("NV") for link in links):
-        return "NVLink"
-    nodes = {topology.numa_affinity.get(g) for g in gpus}
-    if None in nodes:
-        return "unknown"
-    return "one NUMA node" if len(nodes) == 1 else "crosses NUMA"
-
-
-def serve_command(model_path: str, layout: Layout, serve: ServeArgs, gpus: Sequence[int]) -> str:
-    deployment = Deployment(name="plan", model=model_path, model_path=model_path, tp=layout.tp, pp=layout.pp,
-                            gpus=tuple(gpus), ep=layout.ep, kv_cache_dtype=layout.kv_cache_dtype, serve=serve)
-    visible = f"CUDA_VISIBLE_DEVICES={','.join(str(g) for g in gpus)} "
-    return visible + "vllm serve " + shlex.join(deployment.vllm_args())
+def kv_choices(model: ModelSpec, capability: tuple[int, int] | None, version: VllmVersion | None) -> list[str]:
+    """``auto``, plus ``fp8`` where the GPU has native FP8, or ``bfloat16`` where ``auto`` means FP8."""
+    choices = ["auto"]
+    auto_kv = effective_kv_cache_dtype(model, "auto", version)
+    if capability is not None and capability >= MIN_FP8_CAPABILITY and not auto_kv.is_fp8:
+        choices.append("fp8")
+    if auto_kv.is_fp8:
+        choices.append("bfloat16")
+    return choices
 
 
 def layouts_for(model: ModelSpec, count: int, capability: tuple[int, int] | None,
                 version: VllmVersion | None) -> list[Layout]:
-    kv_choices = ["auto"]
-    auto_kv = effective_kv_cache_dtype(model, "auto", version)
-    if capability is not None and capability >= MIN_FP8_CAPABILITY and not auto_kv.is_fp8:
-        kv_choices.append("fp8")
-    if auto_kv.is_fp8:
-        kv_choices.append("bfloat16")
+    """Every DP x TP x PP <= ``count`` (TP and PP powers of two), EP where the model is MoE and
+    TP x DP > 1, each KV dtype of :func:`kv_choices`."""
+    kvs = kv_choices(model, capability, version)
     result = []
     for tp in _sizes(count):
         for pp in _sizes(count // tp):
             if pp > 1 and pp > model.num_layers:
                 continue
-            for ep in ((False, True) if model.is_moe and tp * pp > 1 else (False,)):
-                for kv in kv_choices:
-                    result.append(Layout(tp, pp, ep, kv))
+            for dp in _dp_sizes(count // (tp * pp)):
+                for ep in ((False, True) if model.is_moe and tp * dp > 1 else (False,)):
+                    for kv in kvs:
+                        result.append(Layout(tp=tp, pp=pp, dp=dp, ep=ep, kv_cache_dtype=kv))
     return result
+
+
+def serve_command(model_path: str, layout: Layout, serve: ServeArgs, gpus: Sequence[int]) -> str:
+    """``CUDA_VISIBLE_DEVICES=... vllm serve MODEL --tensor-parallel-size ...`` for the row."""
+    deployment = Deployment(name="plan", model=model_path, model_path=model_path, tp=layout.tp, pp=layout.pp,
+                            dp=layout.dp, gpus=tuple(gpus), ep=layout.ep, kv_cache_dtype=layout.kv_cache_dtype,
+                            serve=serve)
+    visible = f"CUDA_VISIBLE_DEVICES={','.join(str(g) for g in gpus)} "
+    return visible + "vllm serve " + shlex.join(deployment.vllm_args())
+
+
+def _capability_of(snapshot: HostSnapshot, gpus: Sequence[int],
+                   override: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The lowest compute capability among the row's GPUs; None when any is unknown."""
+    if override is not None:
+        return override
+    found = [snapshot.gpu(i).compute_capability for i in gpus]
+    if any(c is None for c in found):
+        return None
+    return min(c for c in found if c is not None)
+
+
+def judge(model: ModelSpec, snapshot: HostSnapshot, layout: Layout, ids: Sequence[int], *, model_path: str,
+          vllm_version: VllmVersion | None, serve: ServeArgs, capability: tuple[int, int] | None = None,
+          allow_long_max_model_len: bool = False) -> LayoutRow:
+    """One row: place the layout, run every rule and the memory fit on its GPUs."""
+    moe_spans_dp = model.is_moe
+    gpus = place(snapshot, layout, ids, moe_spans_dp)
+    cap = _capability_of(snapshot, gpus, capability)
+    rules = check_deployment(model, layout, cap, vllm_version, visible_gpus=len(ids))
+    memory = stage_memory(check_memory_fit(
+        model, snapshot, layout.tp, gpus=gpus, gpu_memory_utilization=serve.gpu_memory_utilization,
+        max_model_len=serve.max_model_len, max_num_seqs=serve.max_num_seqs,
+        kv_cache_dtype=layout.kv_cache_dtype, vllm_version=vllm_version, pipeline_parallel_size=layout.pp,
+        data_parallel_size=layout.dp, ep=layout.ep, dtype=serve.dtype, quantization=serve.quantization,
+        enforce_eager=serve.enforce_eager, max_num_batched_tokens=serve.max_num_batched_tokens,
+        allow_long_max_model_len=allow_long_max_model_len))
+    not_applicable = frozenset(c for c in CHECKS if not applies(c, model, layout, cap))
+    return LayoutRow(layout, gpus, rules, memory, locality(snapshot, layout, gpus, moe_spans_dp),
+                     serve_command(model_path, layout, serve, gpus), cap, not_applicable)
+
+
+def sort_key(row: LayoutRow) -> tuple[int, bool, bool, int, int]:
+    """Works, then undecided, then fails; local groups; TP before PP (pipeline bubbles); most KV
+    tokens; fewest GPUs."""
+    status = (WORKS, UNDECIDED, FAILS).index(row.status)
+    return (status, not row.numa_local, row.layout.pp > 1, -row.kv_tokens, row.layout.total_gpus)
+
+
+def figures(row: LayoutRow) -> tuple[str, str, str, str]:
+    """The memory cells as the table shows them: weights and KV cache per GPU, KV tokens, concurrency."""
+    weights = row.memory_figure("weights_per_gpu_bytes")
+    kv = row.memory_figure("kv_cache_bytes")
+    concurrency = row.memory_figure("max_concurrency")
+    return (f"{weights / GIB:.1f} GiB" if weights is not None else "-",
+            f"{kv / GIB:.1f} GiB" if kv is not None else "-",
+            f"{row.kv_tokens:,}" if row.kv_tokens else "-",
+            f"{concurrency:.2f}x" if concurrency else "-")
+
+
+def fingerprint(row: LayoutRow) -> tuple[object, ...]:
+    """Everything a table row shows except the layout itself: rows with equal fingerprints (and
+    the same TP, PP and DP) are folded into one. ``-`` counts as ``ok`` (an EP twin differs only
+    in that the EP rule has something to judge)."""
+    words = tuple("ok" if row.word(c) == "-" else row.word(c) for c in CHECKS)
+    reason = row.reason
+    for name in (row.layout.describe(), Layout(tp=row.layout.tp, pp=row.layout.pp, dp=row.layout.dp).describe()):
+        reason = reason.replace(name, "<layout>")
+    return (words, figures(row), row.gpus, row.locality, reason)
+
+
+def collapse(rows: Sequence[LayoutRow]) -> list[LayoutRow]:
+    """Fold rows that differ only in EP or KV dtype but are identical in every column into the
+    first of them (in sort order), which lists the others in ``alike``."""
+    kept: list[LayoutRow] = []
+    index: dict[tuple[object, ...], int] = {}
+    for row in rows:
+        key = (row.layout.tp, row.layout.pp, row.layout.dp, fingerprint(row))
+        if key in index:
+            first = kept[index[key]]
+            kept[index[key]] = replace(first, alike=(*first.alike, row.layout),
+                                       not_applicable=first.not_applicable & row.not_applicable)
+            continue
+        index[key] = len(kept)
+        kept.append(row)
+    return kept
 
 
 def plan_layouts(
@@ -152,63 +303,18 @@ def plan_layouts(
     vllm_version: VllmVersion | None = None,
     serve: ServeArgs | None = None,
     gpu_ids: Sequence[int] | None = None,
+    capability: tuple[int, int] | None = None,
     allow_long_max_model_len: bool = False,
+    fold: bool = True,
 ) -> list[LayoutRow]:
-    """Judge every layout of ``model`` on the snapshot's GPUs and sort them best first."""
+    """Judge every layout of ``model`` on the snapshot's GPUs, best first; ``capability``
+    overrides what the probe reports; ``fold=False`` keeps identical rows apart."""
     serve = serve or ServeArgs()
     present = sorted(snapshot.require_gpus(), key=lambda g: g.index)
     ids = [g.index for g in present if gpu_ids is None or g.index in gpu_ids]
-    capability = present[0].compute_capability if present else None
-    arch = format_arch(capability) if capability else None
-    rows = []
-    for layout in layouts_for(model, len(ids), capability, vllm_version):
-        world = layout.tp * layout.pp
-        gpus = _pick_gpus(snapshot, world, ids)
-        verdicts: dict[str, Verdict | None] = {
-            "tp": check_tp_divisibility(model, layout.tp, ep=layout.ep),
-            "fp8": check_fp8_block_alignment(model, layout.tp, layout.ep, vllm_version,
-                                             compute_capability=capability),
-            "mla": (check_mla_kv_backend(model, arch, layout.kv_cache_dtype, vllm_version)
-                    if model.is_mla and arch else None),
-            "memory": check_memory_fit(
-                model, snapshot, layout.tp, gpus=gpus, gpu_memory_utilization=serve.gpu_memory_utilization,
-                max_model_len=serve.max_model_len, max_num_seqs=serve.max_num_seqs,
-                kv_cache_dtype=layout.kv_cache_dtype, vllm_version=vllm_version,
-                pipeline_parallel_size=layout.pp, ep=layout.ep, dtype=serve.dtype,
-                quantization=serve.quantization, enforce_eager=serve.enforce_eager,
-                max_num_batched_tokens=serve.max_num_batched_tokens,
-                allow_long_max_model_len=allow_long_max_model_len),
-        }
-        rows.append(LayoutRow(layout, gpus, verdicts, locality(snapshot, gpus), len(ids) // world,
-                              serve_command(model_path, layout, serve, gpus)))
-    # Best first: works, NUMA-local, TP before PP (pipeline bubbles), most KV tokens.
-    rows.sort(key=lambda r: (not r.ok, not r.numa_local, r.layout.pp > 1, -r.kv_tokens, r.layout.tp * r.layout.pp))
-    return rows
-
-
-def format_table(rows: Sequence[LayoutRow], model: ModelSpec, host: str, rule_note: str) -> str:
-    """The plan as text: one line per layout, then each layout's first failure and command."""
-    header = (f"{'#':>2}  {'layout':<20} {'GPUs':<16} {'tp':<4} {'fp8':<4} {'mla':<4} {'mem':<4} "
-              f"{'weights/GPU':>11} {'KV/GPU':>8} {'KV tokens':>11} {'conc.':>6}  {'locality':<14} dp")
-    lines = [f"plan: {model.describe()} on {host}", rule_note, header]
-    for number, row in enumerate(rows, 1):
-        weights = row.memory_figure("weights_per_gpu_bytes")
-        kv = row.memory_figure("kv_cache_bytes")
-        concurrency = row.memory_figure("max_concurrency")
-        gpus = ",".join(str(g) for g in row.gpus)
-        lines.append(
-            f"{number:>2}  {row.layout.describe():<20} {gpus:<16} {row.word('tp'):<4} {row.word('fp8'):<4} "
-            f"{row.word('mla'):<4} {row.word('memory'):<4} "
-            f"{(f'{weights / GIB:.1f} GiB' if weights is not None else '-'):>11} "
-            f"{(f'{kv / GIB:.1f} GiB' if kv is not None else '-'):>8} "
-            f"{(f'{row.kv_tokens:,}' if row.kv_tokens else '-'):>11} "
-            f"{(f'{concurrency:.2f}x' if concurrency else '-'):>6}  {row.locality:<14} {row.replicas}")
-    lines += ["", "does not work (first failure, in vLLM's words):"]
-    for number, row in enumerate(rows, 1):
-        if row.first_failure:
-            lines.append(f"{number:>2}  {row.layout.describe()}: {row.first_failure}")
-    working = [(n, r) for n, r in enumerate(rows, 1) if r.ok]
-    lines += ["", f"the best {min(3, len(working))} that work:" if working else "no layout works"]
-    for number, row in working[:3]:
-        lines.append(f"{number:>2}  {row.command}")
-    return "\n".join(lines)
+    layout_capability = _capability_of(snapshot, ids, capability) if ids else capability
+    rows = [judge(model, snapshot, layout, ids, model_path=model_path, vllm_version=vllm_version, serve=serve,
+                  capability=capability, allow_long_max_model_len=allow_long_max_model_len)
+            for layout in layouts_for(model, len(ids), layout_capability, vllm_version)]
+    rows.sort(key=sort_key)
+    return collapse(rows) if fold else rows

@@ -402,13 +402,14 @@ def fp8_alignment_verdict(request: pytest.FixtureRequest, model: ModelSpec, tp: 
     """FP8 block alignment, asking for the GPU's architecture only when the verdict depends on it
     (re-gridded MoE blocks, vLLM >= 0.29); without one it stays undecided, and the test skips."""
     __tracebackhide__ = True
-    verdict = check_fp8_block_alignment(model, tp, ep, version, compute_capability=arch_override)
+    dp = deployment.dp if deployment is not None else 1
+    verdict = check_fp8_block_alignment(model, tp, ep, version, compute_capability=arch_override, dp=dp)
     if verdict.needs is None:
         return verdict
     capability = capability_if_known(request, deployment, arch_override)
     if capability is None:
         return verdict
-    return check_fp8_block_alignment(model, tp, ep, version, compute_capability=capability)
+    return check_fp8_block_alignment(model, tp, ep, version, compute_capability=capability, dp=dp)
 
 
 def memory_fit_verdict(request: pytest.FixtureRequest, model: ModelSpec, *, tp: int,
@@ -418,7 +419,7 @@ def memory_fit_verdict(request: pytest.FixtureRequest, model: ModelSpec, *, tp: 
                        pipeline_parallel_size: int = 1, ep: bool = False, dtype: str = "auto",
                        quantization: str | None = None, enforce_eager: bool = False,
                        max_num_batched_tokens: int | None = None,
-                       deployment: Deployment | None = None) -> Verdict:
+                       deployment: Deployment | None = None, data_parallel_size: int = 1) -> Verdict:
     """Check memory fit on the GPU snapshot (skips when there is no GPU here and none was named)."""
     __tracebackhide__ = True
     snapshot = snapshot_with_gpus(request, "no GPU here: pass --gpu-host HOST to check memory fit")
@@ -430,7 +431,8 @@ def memory_fit_verdict(request: pytest.FixtureRequest, model: ModelSpec, *, tp: 
         model, snapshot, tp, gpus=gpus, gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype,
         vllm_version=version, reserve_gib=reserve_gib, pipeline_parallel_size=pipeline_parallel_size,
-        ep=ep, dtype=dtype, quantization=quantization, enforce_eager=enforce_eager,
+        data_parallel_size=data_parallel_size, ep=ep, dtype=dtype, quantization=quantization,
+        enforce_eager=enforce_eager,
         max_num_batched_tokens=max_num_batched_tokens, allow_long_max_model_len=allow_long))
 
 

@@ -62,7 +62,7 @@ def test_vllm_load_rules(deployment: Deployment, model_spec: ModelSpec, request:
     (world size, TP order, EP, quantization minimum, FP8 blocks, attention backend, Marlin tiles)."""
     version = resolve_vllm_version(request, deployment)
     capability = capability_if_known(request, deployment)
-    layout = Layout(tp=deployment.tp, pp=deployment.pp, ep=deployment.ep,
+    layout = Layout(tp=deployment.tp, pp=deployment.pp, dp=deployment.dp, ep=deployment.ep,
                     kv_cache_dtype=deployment.kv_cache_dtype)
     check = check_deployment(model_spec, layout, capability, version,
                              visible_gpus=visible_gpus_if_known(request, deployment))
@@ -84,7 +84,8 @@ def test_memory_fit(deployment: Deployment, model_spec: ModelSpec, request: pyte
         request, model_spec, tp=deployment.tp, gpus=deployment.gpus,
         gpu_memory_utilization=serve.gpu_memory_utilization, max_model_len=serve.max_model_len,
         max_num_seqs=serve.max_num_seqs, kv_cache_dtype=deployment.kv_cache_dtype,
-        pipeline_parallel_size=deployment.pp, ep=deployment.ep, dtype=serve.dtype,
+        pipeline_parallel_size=deployment.pp, data_parallel_size=deployment.dp, ep=deployment.ep,
+        dtype=serve.dtype,
         quantization=serve.quantization, enforce_eager=serve.enforce_eager,
         max_num_batched_tokens=serve.max_num_batched_tokens, deployment=deployment)
     expect(verdict, request.node, "memory_fit")

@@ -455,7 +455,8 @@ class VLLMServer:
                                      self.clean_timeout_s if not signalled.survivors else 0)
             if self._memory.has_gpus and self.snapshot_fn is not None:
                 gpu_verdict = wait_gpus_clean(self.snapshot_fn, self.spec.gpus, self.max_used_mib,
-                                              self.clean_timeout_s, local=self.host.is_local)
+                                              self.clean_timeout_s, local=self.host.is_local,
+                                              own_pids=self.shm_ownership.pids)
         self.teardown = TeardownReport(
             server=self.name, duration_s=time.monotonic() - began, stopped=signalled.stopped,
             needed_kill=signalled.needed_kill, survivors=signalled.survivors, shm_leftovers=shm_left,

@@ -11,13 +11,14 @@ sleep, so a fast machine is not slowed and a busy one is not failed early.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pytest_gpuready.errors import HostError, ProbeError
 from pytest_gpuready.host.checks import check_gpus_clean
 from pytest_gpuready.host.hosts import Host
+from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.serve import processes
 from pytest_gpuready.serve.footprint import SnapshotFn
 from pytest_gpuready.serve.launch import LaunchedProcess
@@ -150,14 +151,40 @@ def wait_shm_gone(host: Host, ownership: ShmOwnership, timeout_s: float) -> tupl
     return tuple(sorted(latest[-1]))
 
 
+def released_by(snapshot: HostSnapshot, gpus: Sequence[int] | None, max_used_mib: int,
+                own_pids: Collection[int]) -> Verdict:
+    """The server's GPUs after its stop: clean, or, where processes that are not the server's hold
+    them (another session's server on a shared GPU), free of the server's own processes.
+
+    A GPU nobody else holds must read clean (no process, memory within the tolerance): memory left
+    with no process listed is the server's until proved otherwise. Where another process holds the
+    GPU its memory cannot be told apart, so only the server's pids are looked for: never blamed for
+    what is not its own.
+    """
+    verdict = check_gpus_clean(snapshot, gpus=gpus, max_used_mib=max_used_mib)
+    if verdict.ok or not own_pids:
+        return verdict
+    selected = {g.index for g in snapshot.require_gpus() if gpus is None or g.index in gpus}
+    on_gpus = [p for p in snapshot.processes if p.gpu_index in selected]
+    foreign = [p for p in on_gpus if p.pid not in own_pids]
+    ours = [p for p in on_gpus if p.pid in own_pids]
+    if ours or not foreign:
+        return verdict
+    held = sorted({p.gpu_index for p in foreign if p.gpu_index is not None})
+    return Verdict.passed(
+        f"the server's processes have left the GPUs; GPU {','.join(map(str, held))} held by other processes "
+        f"(pid {', '.join(str(p.pid) for p in foreign)}), not the server's",
+        evidence={**verdict.evidence, "foreign_pids": [p.pid for p in foreign]})
+
+
 def wait_gpus_clean(snapshot_fn: SnapshotFn, gpus: Sequence[int] | None, max_used_mib: int,
-                    timeout_s: float, *, local: bool) -> Verdict:
-    """Poll until the server's GPUs read clean; the last verdict either way."""
+                    timeout_s: float, *, local: bool, own_pids: Collection[int] = ()) -> Verdict:
+    """Poll until the server's GPUs read clean (see :func:`released_by`); the last verdict either way."""
     latest: list[Verdict] = []
 
     def clean() -> bool:
         try:
-            verdict = check_gpus_clean(snapshot_fn(), gpus=gpus, max_used_mib=max_used_mib)
+            verdict = released_by(snapshot_fn(), gpus, max_used_mib, own_pids)
         except (ProbeError, HostError) as exc:
             verdict = Verdict.failed(f"GPUs could not be read after teardown: {exc}")
         latest.append(verdict)
@@ -171,6 +198,7 @@ __all__ = [
     "Signalled",
     "TeardownReport",
     "poll_until",
+    "released_by",
     "session_members",
     "stop_session",
     "wait_gpus_clean",

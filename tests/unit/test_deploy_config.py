@@ -81,6 +81,14 @@ deployments:
     assert str(deployment.vllm_version) == "0.29.0"
 
 
+def test_data_parallel_engines_take_tp_x_pp_x_dp_gpus(tmp_path: Path) -> None:
+    eight = "    dp: 2\n    pp: 2\n    gpus: [0, 1, 2, 3, 4, 5, 6, 7]\n"
+    deployment = load(tmp_path, MINIMAL.replace("    tp: 2\n", eight))
+    assert (deployment.tp, deployment.pp, deployment.dp) == (2, 2, 2)
+    assert deployment.vllm_args()[1:7] == ["--tensor-parallel-size", "2", "--pipeline-parallel-size", "2",
+                                           "--data-parallel-size", "2"]
+
+
 def test_human_readable_max_model_len(tmp_path: Path) -> None:
     deployment = load(tmp_path, MINIMAL.replace("tp: 2", "tp: 2\n    serve: {max_model_len: 128K}"))
     assert deployment.serve.max_model_len == 131072
@@ -88,8 +96,8 @@ def test_human_readable_max_model_len(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     (MINIMAL.replace("tp: 2", "tensor_parallel: 2"),
-     "deployment 'tiny': unknown key 'tensor_parallel'; expected one of: name, description, model, gpus, tp, pp, ep, "
-     "kv_cache_dtype, gpu_arch, vllm_version, serve, expect"),
+     "deployment 'tiny': unknown key 'tensor_parallel'; expected one of: name, description, model, gpus, tp, pp, "
+     "dp, ep, kv_cache_dtype, gpu_arch, vllm_version, serve, expect"),
     (MINIMAL.replace("tp: 2", "tp: 2\n    kv_cache_dtyp: fp8"),
      "deployment 'tiny': unknown key 'kv_cache_dtyp' (did you mean 'kv_cache_dtype'?); expected one of: "),
     (MINIMAL.replace("tp: 2", "tp: eight"),
@@ -106,6 +114,11 @@ def test_human_readable_max_model_len(tmp_path: Path) -> None:
      "got 'tiny model'"),
     (MINIMAL.replace("tp: 2", "tp: 2\n    gpus: [0, 1, 2]"),
      "deployment 'tiny': key 'gpus': expected exactly tp=2 GPU indexes, got [0, 1, 2]"),
+    (MINIMAL.replace("tp: 2", "tp: 2\n    dp: 2\n    gpus: [0, 1]"),
+     "deployment 'tiny': key 'gpus': expected exactly tp x dp = 4 GPU indexes, got [0, 1]"),
+    (MINIMAL.replace("    tp: 2\n", "    dp: 2\n    gpus: [0, 1, 2]\n"),
+     "deployment 'tiny': key 'gpus': expected a multiple of dp=2 GPU indexes, got [0, 1, 2]"),
+    (MINIMAL.replace("tp: 2", "tp: 2\n    dp: 0"), "deployment 'tiny': key 'dp': expected a whole number >= 1, got 0"),
     (MINIMAL.replace("tp: 2", "tp: 2\n    gpus: [0, 0]"),
      "deployment 'tiny': key 'gpus': expected each GPU index once, got [0, 0]"),
     (MINIMAL.replace("tp: 2", "tp: 2\n    gpus: [a, b]"),

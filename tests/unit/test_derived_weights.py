@@ -64,3 +64,18 @@ def test_nvfp4_weights_are_half_a_byte_plus_group_scales() -> None:
     assert derived.bytes_per_weight.startswith("nvfp4")
     # ~1.03T parameters at 0.5625 bytes for the experts, bf16 attention (excluded) and embeddings
     assert 0.5 < derived.total_bytes / derived.parameter_count < 0.65
+
+
+def test_mxfp4_experts_are_half_a_byte_and_the_unconverted_modules_stay_16_bit() -> None:
+    """gpt-oss-20b: MXFP4 experts (4 bits + an e8m0 scale per 32), and ``modules_to_not_convert``
+    globs such as ``model.layers.*.self_attn`` keep attention in bf16."""
+    model = spec("openai__gpt-oss-20b")
+    assert "model.layers.*.self_attn" in (model.quantization.excluded_modules if model.quantization else ())
+    derived = derive_weights(model)
+    assert derived.bytes_per_weight == "mxfp4: 1/2 byte + an e8m0 scale per 32 weights"
+    experts = 24 * 32 * (2 * 2880 * 2880 + 2880 * 2880)
+    assert derived.routed_expert_bytes == experts // 2 + experts // 32
+    attention = 24 * 2 * (2880 * 4096 + 2 * 2880 * 512 + 4096 * 2880)  # q, k, v, o in bf16
+    embeddings = 2 * 2 * 201088 * 2880
+    expected = derived.routed_expert_bytes + attention + embeddings
+    assert abs(derived.total_bytes - expected) < 0.01 * derived.total_bytes

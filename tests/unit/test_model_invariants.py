@@ -642,3 +642,19 @@ def test_memory_fit_needs_a_length(minimax_weights: ModelSpec) -> None:
     verdict = check_memory_fit(no_length, rtx(), 4)
     assert verdict.summary == ("MiniMax-M2.5: max_model_len is not given and the config has no "
                                "max_position_embeddings; pass max_model_len")
+
+
+def test_data_parallel_splits_the_experts_over_tp_x_dp(minimax_weights: ModelSpec) -> None:
+    """DP=2 x TP=4: attention split 4 ways, the routed experts 8 ways (FusedMoEParallelConfig.make),
+    against the expert bytes of the real tensor layout."""
+    tensors = minimax_m2_tensors()
+    experts = sum(t.nbytes for t in tensors if ".experts." in t.name)
+    tp4 = check_memory_fit(minimax_weights, rtx(), 4, vllm_version="0.19.0").evidence
+    dp2 = check_memory_fit(minimax_weights, rtx(), 4, vllm_version="0.19.0", data_parallel_size=2, ep=True).evidence
+    assert dp2["gpus"] == list(range(8))
+    saved = tp4["weights_per_gpu_bytes"] - dp2["weights_per_gpu_bytes"]
+    assert abs(saved - experts / 8) / (experts / 8) < 0.01
+    assert dp2["terms"]["non-torch"]["bytes"] == tp4["terms"]["non-torch"]["bytes"]
+    too_many = check_memory_fit(minimax_weights, rtx(), 4, data_parallel_size=4)
+    assert not too_many.ok
+    assert too_many.summary.startswith("DP=4 TP=4 needs 16 GPUs; gpu-box-7 offers 8")

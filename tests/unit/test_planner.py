@@ -1,54 +1,71 @@
 """The planner on the seeds' case (MiniMax-M2.5 FP8 on 8x RTX PRO 6000), on the real captured
-topology and on the preset, its command line, and its deploy file run by the preflight."""
+topology and on the preset: every vLLM rule and the memory model per row, DP layouts, identical
+rows folded, undecided rows never shown as working, its command line, and its deploy file run by
+the preflight."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from pytest_gpuready import Layout
 from pytest_gpuready.host.gpus import parse_query_gpu
-from pytest_gpuready.host.snapshot import HostSnapshot
+from pytest_gpuready.host.snapshot import GpuLink, HostSnapshot, Topology
 from pytest_gpuready.host.topology import parse_topo_matrix
 from pytest_gpuready.model.deploy_config import ServeArgs, load_deploy_config
-from pytest_gpuready.model.spec import inspect_model
+from pytest_gpuready.model.spec import ModelSpec, inspect_model, model_spec_from_config
 from pytest_gpuready.model.vllm_version import parse_vllm_version
 from pytest_gpuready.plan.cli import main
-from pytest_gpuready.plan.planner import Layout, LayoutRow, plan_layouts
+from pytest_gpuready.plan.placement import gpu_list_text, locality, place
+from pytest_gpuready.plan.planner import CHECKS, LayoutRow, plan_layouts
 from pytest_gpuready.plan.presets import PRESETS, parse_gpus, preset_snapshot
+from pytest_gpuready.plan.table import format_table, layout_label
 
 ROOT = Path(__file__).resolve().parents[2]
 MINIMAX = ROOT / "examples" / "models" / "MiniMax-M2.5"
-SCENARIO = ROOT / "tests" / "standin" / "scenarios" / "rtx8-clean"
+SCENARIOS = ROOT / "tests" / "standin" / "scenarios"
+CONFIGS = ROOT / "tests" / "data" / "configs"
+V017 = parse_vllm_version("0.17.0")
 
 
-def real_rtx8() -> HostSnapshot:
-    """The captured 8x RTX PRO 6000 box: nvidia-smi query and topo -m (tests/standin rtx8-clean)."""
-    lines = (SCENARIO / "query-gpu.csv").read_text().splitlines()
+def captured(scenario: str, host: str) -> HostSnapshot:
+    """A captured box: its nvidia-smi query and topo -m (tests/standin/scenarios/SCENARIO)."""
+    lines = (SCENARIOS / scenario / "query-gpu.csv").read_text().splitlines()
     fields = tuple(lines[0].removeprefix("# fields: ").split(","))
     gpus = parse_query_gpu("\n".join(line for line in lines if not line.startswith("#")) + "\n", fields)
-    topology = parse_topo_matrix((SCENARIO / "topo.txt").read_text(), "gpu-box-7")
-    return HostSnapshot("gpu-box-7", 0.0, "nvidia-smi", tuple(gpus), topology=topology)
+    topo = SCENARIOS / scenario / "topo.txt"
+    topology = parse_topo_matrix(topo.read_text(), host) if topo.exists() else None
+    return HostSnapshot(host, 0.0, "nvidia-smi", tuple(gpus), topology=topology)
 
 
-def row(rows: list[LayoutRow], tp: int, ep: bool = False, pp: int = 1, kv: str = "auto") -> LayoutRow:
-    return next(r for r in rows if r.layout == Layout(tp, pp, ep, kv))
+def config_model(name: str) -> ModelSpec:
+    return model_spec_from_config(json.loads((CONFIGS / f"{name}.json").read_text()), name=name)
+
+
+def row(rows: list[LayoutRow], tp: int, ep: bool = False, pp: int = 1, kv: str = "auto", dp: int = 1) -> LayoutRow:
+    """The row that holds this layout (folded rows hold several)."""
+    wanted = Layout(tp=tp, pp=pp, dp=dp, ep=ep, kv_cache_dtype=kv)
+    return next(r for r in rows if wanted in r.layouts)
 
 
 @pytest.fixture(scope="module", params=["real topology", "preset"])
 def seeds_plan(request: pytest.FixtureRequest) -> list[LayoutRow]:
-    snapshot = real_rtx8() if request.param == "real topology" else preset_snapshot(*parse_gpus("8xRTX-PRO-6000"))
+    snapshot = (captured("rtx8-clean", "gpu-box-7") if request.param == "real topology"
+                else preset_snapshot(*parse_gpus("8xRTX-PRO-6000")))
     assert snapshot.require_gpus()[0].compute_capability == (12, 0)
-    return plan_layouts(inspect_model(MINIMAX), snapshot, model_path=str(MINIMAX),
-                        vllm_version=parse_vllm_version("0.17.0"), serve=ServeArgs(max_model_len=196608))
+    return plan_layouts(inspect_model(MINIMAX), snapshot, model_path=str(MINIMAX), vllm_version=V017,
+                        serve=ServeArgs(max_model_len=196608))
 
 
 def test_the_seeds_answer(seeds_plan: list[LayoutRow]) -> None:
     tp8 = row(seeds_plan, 8)
     assert tp8.word("fp8") == "FAIL"
+    assert tp8.status == "fails"
     assert tp8.first_failure == ("fp8: MiniMax-M2.5 does not load at TP=8: The output_size of gate's and up's "
                                  "weight = 192 is not divisible by weight quantization block_n = 128.")
     assert row(seeds_plan, 8, ep=True).ok
@@ -61,14 +78,143 @@ def test_the_seeds_answer(seeds_plan: list[LayoutRow]) -> None:
     assert tp4.locality == "one NUMA node"
     assert row(seeds_plan, 8, ep=True).locality == "crosses NUMA"
     best = seeds_plan[0]
-    assert (best.layout.tp, best.layout.pp, best.gpus) == (4, 1, (0, 1, 2, 3))
+    assert (best.layout.tp, best.layout.pp, best.layout.dp, best.gpus) == (4, 1, 1, (0, 1, 2, 3))
+
+
+def test_every_row_carries_every_rule_and_the_memory_fit(seeds_plan: list[LayoutRow]) -> None:
+    for r in seeds_plan:
+        assert list(r.verdicts) == list(CHECKS)
+        assert r.word("world") == "ok"
+        assert r.word("quant") == "ok"      # fp8 from SM75 (0.15+); SM120 has it
+        assert r.word("marlin") == "-"      # SM120 has native FP8: Marlin does not run
+        assert r.word("attn") == "-"        # GQA: no MLA backend to choose
+    assert row(seeds_plan, 8, ep=True).word("ep") == "ok"
+    assert row(seeds_plan, 8).word("ep") == "-"
 
 
 def test_rows_are_sorted_best_first(seeds_plan: list[LayoutRow]) -> None:
-    keys = [(not r.ok, not r.numa_local, r.layout.pp > 1) for r in seeds_plan]
+    order = ("works", "undecided", "fails")
+    keys = [(order.index(r.status), not r.numa_local, r.layout.pp > 1) for r in seeds_plan]
     assert keys == sorted(keys)
     working = [r.kv_tokens for r in seeds_plan if r.ok and r.numa_local and r.layout.pp == 1]
     assert working == sorted(working, reverse=True)
+
+
+def test_data_parallel_layouts_up_to_the_gpus(seeds_plan: list[LayoutRow]) -> None:
+    layouts = [layout for r in seeds_plan for layout in r.layouts]
+    assert len(layouts) == len(set(layouts))
+    assert all(layout.total_gpus <= 8 for layout in layouts)
+    grid = {(layout.tp, layout.pp, layout.dp) for layout in layouts}
+    assert grid == {(tp, pp, dp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) for dp in (1, 2, 4, 8)
+                    if tp * pp * dp <= 8}
+    # Without EP, DP splits each expert over TP x DP = 8 ranks, as TP=8 does: the same block rule.
+    dp2 = row(seeds_plan, 4, dp=2)
+    assert dp2.word("fp8") == "FAIL"
+    assert "at TP=4 and DP=2" in (dp2.first_failure or "")
+    assert "= 192 is not divisible by weight quantization block_n = 128" in (dp2.first_failure or "")
+    # With EP, the experts are spread over all 8 GPUs: half the weights of TP=4 per GPU, and it loads.
+    dp2_ep = row(seeds_plan, 4, ep=True, dp=2)
+    assert dp2_ep.ok
+    assert dp2_ep.gpus == tuple(range(8))
+    assert dp2_ep.locality == "crosses NUMA"     # the MoE layers' TP x DP group spans both nodes
+    weights_dp2 = dp2_ep.memory_figure("weights_per_gpu_bytes") or 0
+    weights_tp4 = row(seeds_plan, 4).memory_figure("weights_per_gpu_bytes") or 0
+    assert 0.45 < weights_dp2 / weights_tp4 < 0.55
+    assert "--data-parallel-size 2" in dp2_ep.command
+
+
+def test_identical_rows_are_folded(seeds_plan: list[LayoutRow]) -> None:
+    tp4 = row(seeds_plan, 4, kv="fp8")
+    assert set(tp4.layouts) == {Layout(tp=4, kv_cache_dtype="fp8"), Layout(tp=4, ep=True, kv_cache_dtype="fp8")}
+    assert layout_label(tp4) == "TP=4±EP KV fp8"
+    assert tp4.word("ep") == "ok"
+    # TP=8 and TP=8+EP differ (one fails the block rule): two rows.
+    assert row(seeds_plan, 8) is not row(seeds_plan, 8, ep=True)
+
+
+def test_folding_keeps_every_layout() -> None:
+    model = inspect_model(MINIMAX)
+    snapshot = preset_snapshot(*parse_gpus("8xRTX-PRO-6000"))
+    kwargs = {"model_path": str(MINIMAX), "vllm_version": V017, "serve": ServeArgs(max_model_len=196608)}
+    folded = plan_layouts(model, snapshot, **kwargs)  # type: ignore[arg-type]
+    every = plan_layouts(model, snapshot, fold=False, **kwargs)  # type: ignore[arg-type]
+    assert len(folded) < len(every)
+    assert sorted(map(repr, (la for r in folded for la in r.layouts))) == sorted(repr(r.layout) for r in every)
+    assert all(not r.alike for r in every)
+
+
+def test_the_first_failure_is_the_one_vllm_raises_first() -> None:
+    model = inspect_model(MINIMAX)
+    snapshot = preset_snapshot(*parse_gpus("8xRTX-PRO-6000"))
+    # max_model_len is checked while ModelConfig is built, before the FP8 layers are.
+    rows = plan_layouts(model, snapshot, model_path=str(MINIMAX), vllm_version=V017,
+                        serve=ServeArgs(max_model_len=10_000_000))
+    tp8 = row(rows, 8)
+    assert [check for check, _ in tp8.failures] == ["memory", "fp8"]
+    assert (tp8.first_failure or "").startswith("memory: MiniMax-M2.5: User-specified max_model_len (10000000)")
+    # The KV cache is sized after the model is built: there the FP8 layers come first.
+    rows = plan_layouts(model, snapshot, model_path=str(MINIMAX), vllm_version=V017,
+                        serve=ServeArgs(max_model_len=196608, gpu_memory_utilization=0.3))
+    tp8 = row(rows, 8)
+    assert [check for check, _ in tp8.failures] == ["fp8", "memory"]
+
+
+def test_without_the_capability_rows_are_undecided_never_working() -> None:
+    # The legacy-driver capture has no compute_cap field: the quantization minimum cannot be judged.
+    snapshot = captured("legacy-driver", "old-h200")
+    assert snapshot.require_gpus()[0].compute_capability is None
+    model = config_model("Qwen__Qwen3-30B-A3B-FP8")
+    rows = plan_layouts(model, snapshot, model_path="/models/qwen3", vllm_version=parse_vllm_version("0.32.0"))
+    assert rows
+    assert all(not r.ok for r in rows)
+    tp1 = row(rows, 1)
+    assert tp1.status == "undecided"
+    assert tp1.word("quant") == "?"
+    assert tp1.reason.startswith("undecided (quant")
+    assert "compute capability" in tp1.reason
+    text = format_table(rows, model, snapshot.host, "rules: vLLM 0.32.0")
+    assert "undecided" in text.splitlines()[4]
+    assert "no layout is known to work; 1 undecided: pass --gpu-arch SM" in text
+    # The same plan with the capability given: it works.
+    known = plan_layouts(model, snapshot, model_path="/models/qwen3", vllm_version=parse_vllm_version("0.32.0"),
+                         capability=(9, 0))
+    assert row(known, 1).ok
+    assert row(known, 1).word("quant") == "ok"
+
+
+def test_fp8_on_ampere_needs_ep_on_vllm_032() -> None:
+    """Qwen3-30B-A3B-FP8 on 4x RTX 3090 (SM86): the re-gridded expert blocks have no MoE kernel."""
+    model = config_model("Qwen__Qwen3-30B-A3B-FP8")
+    rows = plan_layouts(model, preset_snapshot(*parse_gpus("4xRTX-3090")), model_path="/models/qwen3",
+                        vllm_version=parse_vllm_version("0.32.0"))
+    assert "No FP8 MoE backend supports the deployment configuration." in (row(rows, 4).first_failure or "")
+    assert row(rows, 4, ep=True).ok
+    assert row(rows, 4, ep=True).word("marlin") == "ok"     # SM86: FP8 runs on Marlin, which 0.32 pads
+
+
+def interleaved(count: int, link: str) -> HostSnapshot:
+    """GPUs numbered across two NUMA nodes (even on node 0, odd on node 1), ``link`` within a node."""
+    gpus = preset_snapshot(count, PRESETS["l40s"]).require_gpus()
+    numa: dict[int, int | None] = {i: i % 2 for i in range(count)}
+    links = tuple(GpuLink(a, b, link if numa[a] == numa[b] else "SYS")
+                  for a in range(count) for b in range(a + 1, count))
+    return HostSnapshot("interleaved", 0.0, "preset", gpus, topology=Topology(links, numa_affinity=numa))
+
+
+def test_placement_keeps_each_group_on_one_node() -> None:
+    snapshot = interleaved(8, "PIX")
+    tp4 = Layout(tp=4)
+    assert place(snapshot, tp4, range(8), moe_spans_dp=False) == (0, 2, 4, 6)
+    assert locality(snapshot, tp4, (0, 2, 4, 6), moe_spans_dp=False) == "one PCIe switch"
+    dp2 = Layout(tp=4, dp=2)
+    gpus = place(snapshot, dp2, range(8), moe_spans_dp=False)
+    assert gpus == (0, 2, 4, 6, 1, 3, 5, 7)
+    assert locality(snapshot, dp2, gpus, moe_spans_dp=False) == "one PCIe switch"
+    # A MoE model's experts span the DP engines: that TP x DP group cannot stay on one node.
+    assert locality(snapshot, dp2, gpus, moe_spans_dp=True) == "crosses NUMA"
+    assert locality(interleaved(8, "NODE"), tp4, (0, 2, 4, 6), moe_spans_dp=False) == "one NUMA node"
+    assert gpu_list_text((0, 1, 2, 3, 6, 7)) == "0-3,6,7"
+    assert gpu_list_text((0, 2, 4, 6, 1, 3, 5, 7)) == "0,2,4,6,1,3,5,7"
 
 
 def test_every_preset_the_brief_names() -> None:
@@ -84,22 +230,46 @@ def test_bad_gpus_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert err.count("\n") == 1
 
 
+def test_bad_gpu_arch_names_the_option(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", str(MINIMAX), "--gpus", "H200", "--gpu-arch", "hopper"])
+    assert exit_info.value.code == 2
+    assert "argument --gpu-arch: 'hopper': expected sm90, sm120 or a compute capability like 8.6" in \
+        capsys.readouterr().err
+
+
 def test_missing_model_dir_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", str(tmp_path / "nope"), "--gpus", "H200"]) == 2
     assert capsys.readouterr().err == (f"gpuready plan: {tmp_path / 'nope'}: directory not found; expected a model "
                                        "directory with config.json\n")
 
 
+def test_commands_flag_prints_every_rows_command(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(MINIMAX), "--gpus", "8xRTX-PRO-6000", "--vllm-version", "0.17.0",
+                 "--max-model-len", "196608"]) == 0
+    default = capsys.readouterr().out
+    assert default.count("vllm serve ") == 3
+    assert main(["plan", str(MINIMAX), "--gpus", "8xRTX-PRO-6000", "--vllm-version", "0.17.0",
+                 "--max-model-len", "196608", "--commands"]) == 0
+    every = capsys.readouterr().out
+    table_rows = [line for line in every.split("\n\n")[0].splitlines()[4:]]
+    assert every.count("vllm serve ") == len(table_rows)
+    assert "--enable-expert-parallel --kv-cache-dtype fp8" in every
+
+
 def test_write_deploy_is_loaded_and_run_by_the_preflight(tmp_path: Path) -> None:
     deploy = tmp_path / "planned.yaml"
     assert main(["plan", str(MINIMAX), "--gpus", "8xRTX-PRO-6000", "--vllm-version", "0.17.0",
-                 "--max-model-len", "196608", "--write-deploy", str(deploy), "--choose", "2"]) == 0
+                 "--max-model-len", "196608", "--write-deploy", str(deploy), "--choose", "3"]) == 0
     config = load_deploy_config(deploy)
-    assert config.names == ("MiniMax-M2.5-tp4-kvfp8", "MiniMax-M2.5-tp4-ep-kvfp8")
+    assert config.names == ("MiniMax-M2.5-tp4-kvfp8", "MiniMax-M2.5-tp4", "MiniMax-M2.5-dp2-tp2-kvfp8")
     first = config.deployments[0]
     assert (first.tp, first.gpus, first.kv_cache_dtype) == (4, (0, 1, 2, 3), "fp8")
     assert first.serve.max_model_len == 196608
     assert first.gpu_arch == (12, 0)
+    dp2 = config.deployments[2]
+    assert (dp2.dp, dp2.tp, dp2.gpus) == (2, 2, (0, 1, 2, 3))
+    assert "--data-parallel-size" in dp2.vllm_args()
     result = subprocess.run(
         # The deployment half of the preflight (the host half reads this machine's /dev/shm).
         [sys.executable, "-m", "pytest", "--pyargs", "pytest_gpuready.preflight.test_deployments",
@@ -108,12 +278,22 @@ def test_write_deploy_is_loaded_and_run_by_the_preflight(tmp_path: Path) -> None
         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "test_fp8_block_alignment[MiniMax-M2.5-tp4-kvfp8] PASSED" in result.stdout
-    assert "test_tp_divisibility[MiniMax-M2.5-tp4-ep-kvfp8] PASSED" in result.stdout
+    assert "test_vllm_load_rules[MiniMax-M2.5-dp2-tp2-kvfp8] PASSED" in result.stdout
 
 
 def test_module_entry_point_runs() -> None:
     result = subprocess.run([sys.executable, "-m", "pytest_gpuready", "plan", str(MINIMAX), "--gpus", "4xH200",
                              "--vllm-version", "0.32.0"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[2].split()[:2] == ["#", "layout"]
+    assert result.stdout.splitlines()[3].split()[:2] == ["#", "layout"]
     assert json.dumps(result.stderr) == '""'
+
+
+def test_an_undecided_gpu_from_the_probe_is_decided_by_gpu_arch() -> None:
+    snapshot = captured("legacy-driver", "old-h200")
+    gpus = tuple(replace(g, compute_capability=None) for g in snapshot.require_gpus())
+    snapshot = replace(snapshot, gpus=gpus)
+    model = config_model("Qwen__Qwen3-30B-A3B-FP8")
+    rows = plan_layouts(model, snapshot, model_path="/m", capability=(8, 0), vllm_version=parse_vllm_version("0.32.0"))
+    assert row(rows, 1).capability == (8, 0)
+    assert row(rows, 1).word("marlin") == "ok"
