@@ -77,7 +77,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        return _plan(argv)
+        code = _plan(argv)
+        sys.stdout.flush()  # here, not at exit, so a reader that left is caught below
+        return code
     except BrokenPipeError:
         # `gpuready plan ... | head`: the reader left; say nothing more (no traceback at exit either).
         devnull = os.open(os.devnull, os.O_WRONLY)
