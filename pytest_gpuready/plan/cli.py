@@ -76,6 +76,18 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        code = _plan(argv)
+        sys.stdout.flush()  # here, not at exit, so a reader that left is caught below
+        return code
+    except BrokenPipeError:
+        # `gpuready plan ... | head`: the reader left; say nothing more (no traceback at exit either).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _plan(argv: Sequence[str] | None) -> int:
     args = parser().parse_args(argv)
     try:
         version = parse_vllm_version(args.vllm_version) if args.vllm_version else None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -289,6 +290,14 @@ def test_module_entry_point_runs() -> None:
     assert json.dumps(result.stderr) == '""'
 
 
+def test_a_reader_that_stops_early_gets_no_traceback() -> None:
+    command = (f"{sys.executable} -m pytest_gpuready plan {MINIMAX} --gpus 8xRTX-PRO-6000 --commands "
+               "| head -c 100")
+    result = subprocess.run(["bash", "-o", "pipefail", "-c", command], capture_output=True, text=True, timeout=120)
+    assert result.stdout.startswith("plan: MiniMax-M2.5")
+    assert result.stderr == ""
+
+
 def test_an_undecided_gpu_from_the_probe_is_decided_by_gpu_arch() -> None:
     snapshot = captured("legacy-driver", "old-h200")
     gpus = tuple(replace(g, compute_capability=None) for g in snapshot.require_gpus())
@@ -297,3 +306,28 @@ def test_an_undecided_gpu_from_the_probe_is_decided_by_gpu_arch() -> None:
     rows = plan_layouts(model, snapshot, model_path="/m", capability=(8, 0), vllm_version=parse_vllm_version("0.32.0"))
     assert row(rows, 1).capability == (8, 0)
     assert row(rows, 1).word("marlin") == "ok"
+
+
+def test_plan_on_a_probed_host(standin: Callable[[str], Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """The probe path (the stand-in nvidia-smi replays the 8x RTX PRO 6000 capture and a real topo -m)."""
+    standin("rtx8-clean")
+    assert main(["plan", str(MINIMAX), "--vllm-version", "0.17.0", "--max-model-len", "196608"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    best = lines[4].split()
+    assert best[1:5] == ["TP=4±EP", "KV", "fp8", "0-3"]
+    assert lines[4].endswith("one NUMA node")
+
+
+def test_plan_on_a_probe_without_compute_capability(standin: Callable[[str], Path], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """An old driver reports no compute_cap: nothing is promised (exit 1) until --gpu-arch says it."""
+    standin("legacy-driver")
+    model_dir = tmp_path / "Qwen3-30B-A3B-FP8"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text((CONFIGS / "Qwen__Qwen3-30B-A3B-FP8.json").read_text())
+    assert main(["plan", str(model_dir), "--vllm-version", "0.32.0"]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[4].split()[1:4] == ["TP=1", "0", "undecided"]
+    assert "no layout is known to work; 1 undecided: pass --gpu-arch SM" in out
+    assert main(["plan", str(model_dir), "--vllm-version", "0.32.0", "--gpu-arch", "sm90"]) == 0
+    assert capsys.readouterr().out.splitlines()[4].split()[1:6] == ["TP=1", "KV", "fp8", "0", "works"]
