@@ -41,6 +41,7 @@ import yaml
 from pytest_gpuready.errors import ConfigError, excerpt
 from pytest_gpuready.files import MIB, gc_paused, read_text_bounded
 from pytest_gpuready.model.backends import KV_CACHE_DTYPES, parse_gpu_arch
+from pytest_gpuready.model.layout import Layout
 from pytest_gpuready.model.vllm_version import VllmVersion, parse_vllm_version
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -122,17 +123,14 @@ class Deployment:
     def model_is_relative(self) -> bool:
         return not os.path.isabs(os.path.expanduser(self.model))
 
+    @property
+    def layout(self) -> Layout:
+        """How this deployment spreads the model: what every load rule is judged on."""
+        return Layout(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, kv_cache_dtype=self.kv_cache_dtype)
+
     def vllm_args(self) -> list[str]:
         """The ``vllm serve`` arguments this deployment implies (model path first)."""
-        args = [self.model_path, "--tensor-parallel-size", str(self.tp)]
-        if self.pp > 1:
-            args += ["--pipeline-parallel-size", str(self.pp)]
-        if self.dp > 1:
-            args += ["--data-parallel-size", str(self.dp)]
-        if self.ep:
-            args.append("--enable-expert-parallel")
-        if self.kv_cache_dtype != "auto":
-            args += ["--kv-cache-dtype", self.kv_cache_dtype]
+        args = [self.model_path, *self.layout.vllm_args()]
         if self.serve.max_model_len is not None:
             args += ["--max-model-len", str(self.serve.max_model_len)]
         if self.serve.max_num_seqs is not None:

@@ -16,7 +16,6 @@ from pytest_gpuready.model.checks import (
     check_tp_divisibility,
 )
 from pytest_gpuready.model.deploy_config import Deployment
-from pytest_gpuready.model.layout import Layout
 from pytest_gpuready.model.rules import check_deployment
 from pytest_gpuready.model.spec import ModelSpec, derived_weights_for
 from pytest_gpuready.plugin.model_fixtures import (
@@ -62,9 +61,7 @@ def test_vllm_load_rules(deployment: Deployment, model_spec: ModelSpec, request:
     (world size, TP order, EP, quantization minimum, FP8 blocks, attention backend, Marlin tiles)."""
     version = resolve_vllm_version(request, deployment)
     capability = capability_if_known(request, deployment)
-    layout = Layout(tp=deployment.tp, pp=deployment.pp, dp=deployment.dp, ep=deployment.ep,
-                    kv_cache_dtype=deployment.kv_cache_dtype)
-    check = check_deployment(model_spec, layout, capability, version,
+    check = check_deployment(model_spec, deployment.layout, capability, version,
                              visible_gpus=visible_gpus_if_known(request, deployment))
     expect(check.verdict(), request.node, "vllm_load_rules")
 
