@@ -16,7 +16,10 @@
 # Everything lands in $OUT (default ./gpu-out), 7 files: summary.txt, host-facts.txt, gpu-tier.log,
 # gpu-report.json, watchdog.log, watchdog.json, vllm-tier.log.
 # GPUREADY_LIFECYCLE_PHASES=3 (or "1 2", ...) runs only those phases, e.g. the vllm tier alone in a
-# second call if the first one's budget ran out before it finished.
+# second call if the first one's budget ran out before it finished. On the H200 every server start
+# takes 45-95 s and the whole tier does not fit one 10-minute call: split it with
+# GPUREADY_LIFECYCLE_VLLM_TESTS="tests/vllm/test_failures.py tests/vllm/test_lifecycle.py" and the
+# rest in a further call.
 set -u
 OUT=${OUT:-./gpu-out}
 mkdir -p "$OUT"
@@ -83,7 +86,7 @@ if ! want 3; then
   :
 elif [ "$(left)" -gt 60 ]; then
   GPUREADY_VLLM_TIER_ARGS="--enforce-eager --gpu-memory-utilization 0.3" timeout "$(left)" \
-    python3 -m pytest -m vllm tests/vllm -p no:cacheprovider -rA --durations=5 > "$OUT/vllm-tier.log" 2>&1; rc=$?
+    python3 -m pytest -m vllm ${GPUREADY_LIFECYCLE_VLLM_TESTS:-tests/vllm} -v -p no:cacheprovider -rA --durations=5 > "$OUT/vllm-tier.log" 2>&1; rc=$?
   say "phase 3 vllm tier: rc=$rc in $(( $(date +%s) - t )) s: $(grep -E '(passed|failed|error)' "$OUT/vllm-tier.log" | tail -1)"
   grep -E '^(FAILED|ERROR) ' "$OUT/vllm-tier.log" | sed 's/^/  /' | tee -a "$OUT/summary.txt"
 else
