@@ -39,6 +39,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NoReturn
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -46,6 +47,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks.perf_docs import machine, replace_section  # noqa: E402
 from pytest_gpuready import LocalHost, check_gpus_clean, snapshot  # noqa: E402
+from tests.process_watch import session_pids, wait_for_output  # noqa: E402
 from tests.sshd import LoopbackSshd, loopback_sshd  # noqa: E402
 
 SECTION = "## Watchdog: SIGKILL of pytest to the server gone"
@@ -71,34 +73,13 @@ class Run:
     gpus_clean_s: float | None
 
 
-def session_pids(sid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] not in ("Z", "X") and int(fields[3]) == sid:
-            pids.append(int(entry))
-    return pids
+def bench_failed(message: str) -> NoReturn:
+    raise RuntimeError(message)
 
 
 def gpus_present() -> bool:
     snap = snapshot(LocalHost(), gpus_expected=False)
     return bool(snap.gpus) and snap.no_gpu_reason is None
-
-
-def wait_output(proc: subprocess.Popen[bytes], out: Path, pattern: re.Pattern[str], timeout_s: float) -> re.Match[str]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = pattern.search(out.read_text(errors="replace"))
-        if found:
-            return found
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the inner run never printed {pattern.pattern!r}:\n{out.read_text()[-2000:]}")
-        time.sleep(0.05)
 
 
 def one_run(workdir: Path, *, server: str, where: str, state: str, command: str, model: str, max_len: int,
@@ -114,9 +95,9 @@ def one_run(workdir: Path, *, server: str, where: str, state: str, command: str,
     with out.open("wb") as stdout:
         proc = subprocess.Popen(args, cwd=workdir, stdout=stdout, stderr=subprocess.STDOUT, env=child_env)
     try:
-        sid = int(wait_output(proc, out, WATCHING, 1800).group(1))
+        sid = int(wait_for_output(proc, out, WATCHING, 1800, fail=bench_failed).group(1))
         if state == "ready":
-            wait_output(proc, out, READY, 1800)
+            wait_for_output(proc, out, READY, 1800, fail=bench_failed)
         else:
             deadline = time.monotonic() + 600
             while len(session_pids(sid)) < 3 and time.monotonic() < deadline:

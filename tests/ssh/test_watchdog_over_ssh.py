@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.process_watch import wait_for_output
 from tests.sshd import LoopbackSshd
-from tests.unit.test_watchdog import SERVER_TEST, STUBBORN, alive, wait_for_output, wait_until
+from tests.unit.test_watchdog import SERVER_TEST, STUBBORN, alive, wait_until
 
 pytestmark = pytest.mark.ssh
 

@@ -23,6 +23,7 @@ import pytest
 from pytest_gpuready import LocalHost
 from pytest_gpuready.serve.processes import process_start_time, session_members
 from pytest_gpuready.serve.watchdog import start_watchdog, watchdog_argv
+from tests.process_watch import wait_for_output
 
 # The server's leader and a child both ignore SIGTERM, as vLLM's EngineCore does while it loads.
 STUBBORN = "sh -c 'trap \"\" TERM; sleep 600 & sleep 600 & wait' fake-vllm"
@@ -33,20 +34,6 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, what: str) -> 
     while not predicate():
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.05)
-
-
-def wait_for_output(proc: subprocess.Popen[bytes], out: Path, pattern: re.Pattern[str],
-                    timeout_s: float) -> re.Match[str]:
-    """Poll the run's output for ``pattern``; fail with its output if it exits or the deadline passes."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        match = pattern.search(out.read_text(errors="replace"))
-        if match:
-            return match
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"the inner run never printed {pattern.pattern!r} (exit {proc.poll()}):\n"
-                        f"{out.read_text(errors='replace')[-3000:]}")
         time.sleep(0.05)
 
 

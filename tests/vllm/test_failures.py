@@ -30,8 +30,9 @@ from pytest_gpuready import (
     snapshot,
 )
 from pytest_gpuready.host.shm import matches_leak_pattern, shm_display_name
+from tests.process_watch import session_pids, wait_for_output
 from tests.sshd import LoopbackSshd
-from tests.vllm.conftest import API_SERVER_COMMAND, SERVER_ENV, expected_hardware, session_pids, wait_until
+from tests.vllm.conftest import API_SERVER_COMMAND, SERVER_ENV, expected_hardware, wait_until
 
 BAD_FLAG = "--definitely-not-a-flag"
 
@@ -123,20 +124,6 @@ def test_start(vllm_server):
     vllm_server(ServeSpec(model={model!r}, served_model_name="tiny-llama", max_model_len=1024,
                           command={command!r}, env={env!r}))
 """
-
-
-def wait_for_output(proc: subprocess.Popen[bytes], out: Path, pattern: re.Pattern[str],
-                    timeout_s: float) -> re.Match[str]:
-    """Poll the inner run's output for ``pattern``; fail with its output if it exits or time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        found = pattern.search(out.read_text(errors="replace"))
-        if found:
-            return found
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail(f"the inner run never printed {pattern.pattern!r} (exit {proc.poll()}):\n"
-                        f"{out.read_text(errors='replace')[-3000:]}")
-        time.sleep(0.1)
 
 
 STARTED = re.compile(r"started pid (\d+) \(session \d+\) on local, port \d+, log (\S+)")

@@ -19,8 +19,9 @@ import pytest
 import requests
 
 from pytest_gpuready import LocalHost, ServerMismatchError, ServeSpec, VLLMServer, run_benchmark
+from tests.process_watch import session_pids
 from tests.tiny_model import HEAD_DIM, KV_HEADS, LAYERS
-from tests.vllm.conftest import MAX_MODEL_LEN, expected_hardware, installed_vllm_version, session_pids
+from tests.vllm.conftest import MAX_MODEL_LEN, expected_hardware, installed_vllm_version
 
 KV_BYTES_PER_TOKEN = LAYERS * KV_HEADS * HEAD_DIM * 2 * 2  # K and V, bf16
 
