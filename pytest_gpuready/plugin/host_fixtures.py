@@ -253,13 +253,16 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
             return [f"gpuready: {len(registry)} hosts: {', '.join(registry)} (each probed when a check first asks)"]
         return [f"gpuready: host {registry.first.spec} (probed when a check first asks)"]
     lines = []
-    for session in registry.values():
-        try:
-            lines += header_lines(session.snapshot())
-        except Exception as exc:  # the header must never abort the session; the checks report the error
-            cause = str(exc)
+    for session, outcome in registry.snapshot_all():  # every host at once: a fleet waits for its slowest
+        if isinstance(outcome, Exception):  # the header must never abort the session; the checks report it
+            cause = str(outcome)
             named = cause if cause.startswith(f"{session.spec}: ") else f"{session.spec}: {cause}"
             lines.append(f"gpuready: host {named}")
+            continue
+        try:
+            lines += header_lines(outcome)
+        except Exception as exc:
+            lines.append(f"gpuready: host {session.spec}: {exc}")
     return lines
 
 

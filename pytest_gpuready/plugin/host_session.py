@@ -13,6 +13,7 @@ session of their test's host (the hidden, per-host parametrized ``_gpuready_host
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pytest
@@ -100,6 +101,11 @@ class HostSession:
             self._host = None
 
 
+MAX_CONCURRENT_PROBES = 32
+"""Hosts probed at once by :meth:`HostRegistry.snapshot_all`: each costs an ssh client and a few
+file descriptors here, so a fleet of hundreds is probed 32 at a time."""
+
+
 class HostRegistry(Mapping[str, HostSession]):
     """The hosts of this pytest session, by display name, in the order they were given."""
 
@@ -125,6 +131,28 @@ class HostRegistry(Mapping[str, HostSession]):
     def is_fleet(self) -> bool:
         """More than one host: host-bound tests are parametrized per host."""
         return len(self._sessions) > 1
+
+    def snapshot_all(self) -> list[tuple[HostSession, HostSnapshot | Exception]]:
+        """Every host's snapshot (or why it could not be taken), in the order the hosts were given.
+
+        The hosts are probed at once, one thread per host (at most :data:`MAX_CONCURRENT_PROBES`):
+        a host's probe is mostly waiting on the network (ssh's handshake, the probe's round trip),
+        so a fleet costs about its slowest host instead of the sum of all of them. Each session
+        keeps what it got (a snapshot, or the error that a later test re-raises), as if probed
+        alone; no two threads ever touch one session.
+        """
+        def probe(session: HostSession) -> HostSnapshot | Exception:
+            try:
+                return session.snapshot()
+            except Exception as exc:  # reported per host by the caller; the session cached its error
+                return exc
+
+        sessions = list(self._sessions.values())
+        if len(sessions) == 1:
+            return [(sessions[0], probe(sessions[0]))]
+        workers = min(MAX_CONCURRENT_PROBES, len(sessions))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpuready-probe") as pool:
+            return list(zip(sessions, pool.map(probe, sessions), strict=True))
 
     def close(self) -> None:
         for session in self._sessions.values():

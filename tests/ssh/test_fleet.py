@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.report_schema import validate
-from tests.sshd import LoopbackSshd
+from tests.sshd import STANDIN_SCENARIOS, LoopbackSshd
 
 pytestmark = pytest.mark.ssh
 
@@ -115,6 +115,42 @@ def test_each_host_gets_its_own_tests_and_a_down_host_fails_only_its_own(
     # once per test of the down host, each time with the cause: the connection is tried once
     assert result.stdout.str().count(f"{fleet.user}@{down}: ssh failed: connection refused") >= 2
     assert "Traceback" not in result.stdout.str()
+    assert connections_per_host(fleet, before_by_port) == {port: 1 for port in fleet.ports}
+
+
+def barrier_scenario(directory: Path, arrivals: Path, hosts: int) -> Path:
+    """``h200-idle`` whose ``--query-gpu`` answers only once the probes of all ``hosts`` are waiting."""
+    directory.mkdir()
+    for item in (STANDIN_SCENARIOS / "h200-idle").iterdir():
+        (directory / item.name).symlink_to(item)
+    (directory / "barrier").write_text(f"{arrivals}\n{hosts}\n{BARRIER_LIMIT_S}\n")
+    return directory
+
+
+BARRIER_LIMIT_S = 120
+"""How long a stand-in waits for the other hosts' probes: a bound for a hung run, not a speed target
+(probes that run at once meet within a second; one after another, the first one never sees the rest)."""
+
+
+def test_the_hosts_are_probed_at_once(pytester: pytest.Pytester, loopback_fleet: LoopbackSshd) -> None:
+    """Without xdist every host is probed at the start, concurrently: each host's stand-in answers
+    ``--query-gpu`` only once all hosts' probes are waiting, so one-after-another probes fail."""
+    fleet = loopback_fleet
+    arrivals = pytester.path / "arrivals"
+    arrivals.mkdir()
+    hosts = pytester.path / "fleet.txt"
+    hosts.write_text("".join(f"{fleet.spec_for(port)}\n" for port in fleet.ports))
+    before_by_port = fleet.accepted_by_port()
+    with contextlib.ExitStack() as stack:
+        for index, port in enumerate(fleet.ports):
+            scenario = barrier_scenario(pytester.path / f"barrier-{index}", arrivals, len(fleet.ports))
+            stack.enter_context(fleet.use_scenario(scenario, port=port))
+        result = pytester.runpytest(*PREFLIGHT, "--gpu-hosts-file", str(hosts), *ssh_args(fleet),
+                                    "--gpu-probe-timeout", str(BARRIER_LIMIT_S * 2))
+    assert "never arrived" not in result.stdout.str()
+    assert set(outcomes(result).values()) == {"PASSED"}
+    assert len(outcomes(result)) == 2 * len(fleet.ports)
+    assert len(list(arrivals.iterdir())) == len(fleet.ports)  # one --query-gpu per host: nothing probed twice
     assert connections_per_host(fleet, before_by_port) == {port: 1 for port in fleet.ports}
 
 
