@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from pytest_gpuready.plugin.host_session import HOST_FIXTURE, HostSession, get_host_registry
+from pytest_gpuready.plugin.host_session import HOST_FIXTURE, HostSession, get_host_registry, under_xdist
 
 HOST_BOUND_FIXTURES = frozenset({
     "gpu_host", "gpu_snapshot", "gpus_clean", "shm_clean", "model_spec", "deployment", "vllm_server",
@@ -63,6 +63,26 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     names = list(registry)
     metafunc.parametrize(HOST_FIXTURE, names, indirect=True, ids=names, scope="session")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """In one process, probe every host that a selected test reads, all at once, before the first test.
+
+    Each host's tests would otherwise probe it when the first of them runs, host after host, so a
+    fleet would cost the sum of its hosts' network time (ssh's handshake, the probe's round trip)
+    instead of its slowest host's. The header does the same when it is shown; this covers
+    ``--no-header`` and runs where the header does not probe. Under xdist each worker probes its
+    own hosts when their tests run (it does not know them before), and nothing runs for
+    ``--collect-only``.
+    """
+    config = session.config
+    registry = get_host_registry(config)
+    if not registry.is_fleet or config.option.collectonly or under_xdist(config):
+        return
+    wanted = {name for name in (host_of_item(item) for item in session.items) if name is not None}
+    if len(wanted) > 1:
+        registry.snapshot_all(wanted)  # each session caches its snapshot or its error for the tests
 
 
 def host_of_item(item: pytest.Item) -> str | None:

@@ -37,6 +37,7 @@ from pytest_gpuready.plugin.host_session import (
     HostSession,
     get_host_registry,
     host_session_of,
+    under_xdist,
 )
 from pytest_gpuready.plugin.outcomes import checked, expect
 from pytest_gpuready.plugin.report import header_lines
@@ -228,11 +229,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         registry.close()
 
 
-def _under_xdist(config: pytest.Config) -> bool:
-    """True in xdist's controller (which hands tests out and runs none) and in its workers."""
-    return hasattr(config, "workerinput") or config.getoption("dist", default="no") not in ("no", None)
-
-
 def _wants_probe_at_start(config: pytest.Config) -> bool:
     """Probe for the header only when the user aims at GPUs: a named host or the built-in preflight.
 
@@ -240,7 +236,7 @@ def _wants_probe_at_start(config: pytest.Config) -> bool:
     every host for a header (the controller's, or each worker's, which nobody sees) would cost
     each host more connections and serialize the fleet.
     """
-    if config.option.collectonly or _under_xdist(config):
+    if config.option.collectonly or under_xdist(config):
         return False
     session = get_host_registry(config).first
     return session.named_explicitly or any("pytest_gpuready" in str(arg) for arg in config.args)

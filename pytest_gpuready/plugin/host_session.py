@@ -12,7 +12,7 @@ session of their test's host (the hidden, per-host parametrized ``_gpuready_host
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -132,8 +132,9 @@ class HostRegistry(Mapping[str, HostSession]):
         """More than one host: host-bound tests are parametrized per host."""
         return len(self._sessions) > 1
 
-    def snapshot_all(self) -> list[tuple[HostSession, HostSnapshot | Exception]]:
-        """Every host's snapshot (or why it could not be taken), in the order the hosts were given.
+    def snapshot_all(self, names: Collection[str] | None = None) -> list[tuple[HostSession, HostSnapshot | Exception]]:
+        """Every host's snapshot (or why it could not be taken), in the order the hosts were given;
+        only the hosts in ``names`` when given. A host probed before answers from its cache.
 
         The hosts are probed at once, one thread per host (at most :data:`MAX_CONCURRENT_PROBES`):
         a host's probe is mostly waiting on the network (ssh's handshake, the probe's round trip),
@@ -147,7 +148,9 @@ class HostRegistry(Mapping[str, HostSession]):
             except Exception as exc:  # reported per host by the caller; the session cached its error
                 return exc
 
-        sessions = list(self._sessions.values())
+        sessions = [s for s in self._sessions.values() if names is None or s.display_name in names]
+        if not sessions:
+            return []
         if len(sessions) == 1:
             return [(sessions[0], probe(sessions[0]))]
         workers = min(MAX_CONCURRENT_PROBES, len(sessions))
@@ -162,6 +165,11 @@ class HostRegistry(Mapping[str, HostSession]):
 HOST_REGISTRY_KEY = pytest.StashKey[HostRegistry]()
 HOST_FIXTURE = "_gpuready_host"
 """The hidden fixture every host-bound fixture depends on; parametrized per host when there are several."""
+
+
+def under_xdist(config: pytest.Config) -> bool:
+    """True in xdist's controller (which hands tests out and runs none) and in its workers."""
+    return hasattr(config, "workerinput") or config.getoption("dist", default="no") not in ("no", None)
 
 
 def get_host_registry(config: pytest.Config) -> HostRegistry:

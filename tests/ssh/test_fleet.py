@@ -132,9 +132,12 @@ BARRIER_LIMIT_S = 120
 (probes that run at once meet within a second; one after another, the first one never sees the rest)."""
 
 
-def test_the_hosts_are_probed_at_once(pytester: pytest.Pytester, loopback_fleet: LoopbackSshd) -> None:
-    """Without xdist every host is probed at the start, concurrently: each host's stand-in answers
-    ``--query-gpu`` only once all hosts' probes are waiting, so one-after-another probes fail."""
+@pytest.mark.parametrize("header", [[], ["--no-header"]], ids=["header", "no-header"])
+def test_the_hosts_are_probed_at_once(pytester: pytest.Pytester, loopback_fleet: LoopbackSshd,
+                                      header: list[str]) -> None:
+    """Without xdist every host is probed at the start, concurrently, for the header or (without
+    one) once the tests are collected: each host's stand-in answers ``--query-gpu`` only once all
+    hosts' probes are waiting, so one-after-another probes fail."""
     fleet = loopback_fleet
     arrivals = pytester.path / "arrivals"
     arrivals.mkdir()
@@ -145,7 +148,7 @@ def test_the_hosts_are_probed_at_once(pytester: pytest.Pytester, loopback_fleet:
         for index, port in enumerate(fleet.ports):
             scenario = barrier_scenario(pytester.path / f"barrier-{index}", arrivals, len(fleet.ports))
             stack.enter_context(fleet.use_scenario(scenario, port=port))
-        result = pytester.runpytest(*PREFLIGHT, "--gpu-hosts-file", str(hosts), *ssh_args(fleet),
+        result = pytester.runpytest(*PREFLIGHT, *header, "--gpu-hosts-file", str(hosts), *ssh_args(fleet),
                                     "--gpu-probe-timeout", str(BARRIER_LIMIT_S * 2))
     assert "never arrived" not in result.stdout.str()
     assert set(outcomes(result).values()) == {"PASSED"}
