@@ -252,8 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         "",
         ("Reading it: " + "; ".join(notes) + ".") if notes else "",
         "",
-        "Without `-n`, one process probes every host at once for the header (one thread per host) and the "
-        "tests read the cached snapshots, so the run waits for its slowest host: a host's probe is mostly "
+        "Without `-n`, one process probes every host at once at the start (for the header, or right after "
+        "collection; one thread per host) and the tests read the cached snapshots, so the run waits for "
+        "its slowest host: a host's probe is mostly "
         "waiting on the network (ssh's handshake, the authentication, the probe's round trip). With `-n 4` "
         "each worker probes its hosts when their tests run, one after another, after the workers' start. "
         "So for the host preflight `-n` no longer pays; it pays where each host's tests take time (a "
