@@ -65,6 +65,19 @@ def test_the_env_var_turns_it_on_and_a_served_engine_is_never_touched(
         assert engine.alive()
 
 
+def test_an_orphaned_engine_that_holds_no_gpu_memory_is_never_touched(
+    pytester: pytest.Pytester, standin: Standin
+) -> None:
+    """An orphaned ``VLLM::EngineCore`` that the driver does not list (it holds no GPU memory: a
+    CPU-only engine, or one that has already released its context) is not the reaper's business."""
+    standin("h200-idle")
+    with orphaned_engine() as engine:
+        result = pytester.runpytest(*PREFLIGHT, "--gpu-reap-orphans")
+        result.assert_outcomes(passed=1)
+        assert "stopped orphaned" not in result.stdout.str()
+        assert engine.alive()
+
+
 def test_a_bad_env_value_is_a_usage_error(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GPUREADY_GPU_REAP_ORPHANS", "perhaps")
     pytester.makepyfile("def test_x(): pass")
