@@ -4,8 +4,9 @@ log's, and the fits / does-not-fit verdict right, for every log with a known mod
 The logs are vLLM 0.25.0 on an H200 (tests/data/vllm-logs/H200-MEMORY-RUNS.md); the model's
 measured constants were fitted on none of them: the TP=1 non-torch base (0.28 GiB) came from the 1B
 logs in shared/data/vllm-logs, and the V2 sampler's 6 bytes per logit is read from vLLM's code (the
-bf16 logits and one float32 copy) and was only checked against the 8B logs here, as an upper bound. ``python -m pytest tests/unit/test_memory_model.py
--s`` prints the error per log (the table in docs/checks/memory_fit.md).
+bf16 logits and one float32 copy) and was only checked against the 8B logs here, as an upper bound.
+``python -m pytest tests/unit/test_memory_model.py -s`` prints the error per log (the table in
+docs/checks/memory_fit.md).
 """
 
 from __future__ import annotations
