@@ -93,6 +93,19 @@ def write_hosts_file(path: Path, fleet: LoopbackSshd, down: int) -> Path:
     return path
 
 
+def fleet_outcomes(fleet: LoopbackSshd, down_port: int) -> dict[str, str]:
+    """What the preflight of :func:`write_hosts_file`'s fleet must give, test id by test id: the held
+    H200 fails ``gpus_clean``, the down host errors in both tests, everything else passes."""
+    idle, held, eight = (f"127.0.0.1:{port}" for port in fleet.ports)
+    down = f"127.0.0.1:{down_port}"
+    return {
+        f"test_gpus_are_clean[{idle}]": "PASSED", f"test_gpu_topology[{idle}]": "PASSED",
+        f"test_gpus_are_clean[{held}]": "FAILED", f"test_gpu_topology[{held}]": "PASSED",
+        f"test_gpus_are_clean[{eight}]": "PASSED", f"test_gpu_topology[{eight}]": "PASSED",
+        f"test_gpus_are_clean[{down}]": "ERROR", f"test_gpu_topology[{down}]": "ERROR",
+    }
+
+
 def test_each_host_gets_its_own_tests_and_a_down_host_fails_only_its_own(
         pytester: pytest.Pytester, loopback_fleet: LoopbackSshd, down_port: int) -> None:
     fleet = loopback_fleet
@@ -100,14 +113,9 @@ def test_each_host_gets_its_own_tests_and_a_down_host_fails_only_its_own(
     before_by_port = fleet.accepted_by_port()
     with fleet_scenarios(fleet):
         result = pytester.runpytest(*PREFLIGHT, "--gpu-hosts-file", str(hosts), *ssh_args(fleet))
-    idle, held, eight = (f"127.0.0.1:{port}" for port in fleet.ports)
+    held = f"127.0.0.1:{fleet.ports[1]}"
     down = f"127.0.0.1:{down_port}"
-    assert outcomes(result) == {
-        f"test_gpus_are_clean[{idle}]": "PASSED", f"test_gpu_topology[{idle}]": "PASSED",
-        f"test_gpus_are_clean[{held}]": "FAILED", f"test_gpu_topology[{held}]": "PASSED",
-        f"test_gpus_are_clean[{eight}]": "PASSED", f"test_gpu_topology[{eight}]": "PASSED",
-        f"test_gpus_are_clean[{down}]": "ERROR", f"test_gpu_topology[{down}]": "ERROR",
-    }
+    assert outcomes(result) == fleet_outcomes(fleet, down_port)
     assert followed_by(result, f" ERROR at setup of test_gpus_are_clean[{down}] ",
                        f"{fleet.user}@{down}: ssh failed: connection refused")
     assert followed_by(result, f" test_gpus_are_clean[{held}] ",
@@ -217,12 +225,7 @@ def test_under_xdist_each_host_is_one_worker_and_one_connection(
                                     "--gpuready-report", str(report), "--junitxml", str(pytester.path / "j.xml"))
     idle, held, eight = (f"127.0.0.1:{port}" for port in fleet.ports)
     down = f"127.0.0.1:{down_port}"
-    assert outcomes(result) == {
-        f"test_gpus_are_clean[{idle}]": "PASSED", f"test_gpu_topology[{idle}]": "PASSED",
-        f"test_gpus_are_clean[{held}]": "FAILED", f"test_gpu_topology[{held}]": "PASSED",
-        f"test_gpus_are_clean[{eight}]": "PASSED", f"test_gpu_topology[{eight}]": "PASSED",
-        f"test_gpus_are_clean[{down}]": "ERROR", f"test_gpu_topology[{down}]": "ERROR",
-    }
+    assert outcomes(result) == fleet_outcomes(fleet, down_port)
     result.stdout.fnmatch_lines(["gpuready: 4 hosts: * (each probed when a check first asks)"])
     # the controller probes nothing; each host's tests ran on one worker, over one connection
     assert connections_per_host(fleet, before_by_port) == {port: 1 for port in fleet.ports}
