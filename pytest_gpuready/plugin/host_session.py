@@ -68,6 +68,11 @@ class HostSession:
         return self._host
 
     @property
+    def stale(self) -> bool:
+        """True when the next :meth:`snapshot` probes the host (never probed, or marked stale)."""
+        return self._stale
+
+    @property
     def latest(self) -> HostSnapshot | None:
         """The last snapshot taken, if any (for reports; never probes)."""
         return self._latest
@@ -149,13 +154,12 @@ class HostRegistry(Mapping[str, HostSession]):
                 return exc
 
         sessions = [s for s in self._sessions.values() if names is None or s.display_name in names]
-        if not sessions:
-            return []
-        if len(sessions) == 1:
-            return [(sessions[0], probe(sessions[0]))]
-        workers = min(MAX_CONCURRENT_PROBES, len(sessions))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpuready-probe") as pool:
-            return list(zip(sessions, pool.map(probe, sessions), strict=True))
+        to_probe = [s for s in sessions if s.stale]
+        if len(to_probe) > 1:  # the others answer from their cache below, without a thread
+            workers = min(MAX_CONCURRENT_PROBES, len(to_probe))
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="gpuready-probe") as pool:
+                list(pool.map(probe, to_probe))
+        return [(session, probe(session)) for session in sessions]
 
     def close(self) -> None:
         for session in self._sessions.values():
