@@ -33,10 +33,11 @@ from pytest_gpuready.errors import ConfigError, GpuReadyError
 from pytest_gpuready.host.hosts import Host, LocalHost
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.model.deploy_config import Deployment, Throughput
+from pytest_gpuready.plugin import baseline_fixtures as baseline
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_session import HostSession
 from pytest_gpuready.plugin.model_fixtures import SKIP_NO_DEPLOY_FILE, deploy_config_of
-from pytest_gpuready.plugin.recording import add_report_entry, record
+from pytest_gpuready.plugin.recording import CURRENT_ITEM_KEY, add_report_entry, record
 from pytest_gpuready.serve.bench import BenchResult, ServerGoneError, run_benchmark
 from pytest_gpuready.serve.server import ServerError, TeardownReport, VLLMServer
 from pytest_gpuready.serve.spec import DEFAULT_COMMAND, ServeSpec, spec_from_deployment
@@ -401,11 +402,14 @@ def _context(server: VLLMServer) -> str:
 class ServingBenchmark:
     """A benchmark's result and the threshold assertions on it (each fails the test with the evidence)."""
 
-    def __init__(self, result: BenchResult, server: VLLMServer, config: pytest.Config) -> None:
+    def __init__(self, result: BenchResult, server: VLLMServer, config: pytest.Config,
+                 comparison: baseline.BenchComparison | None = None) -> None:
         self.result = result
         self.server = server
         self.context = _context(server)
         self._config = config
+        self.comparison = comparison
+        """The levels against ``--gpuready-baseline`` (None without one)."""
 
     def _expect(self, verdict: Verdict, name: str) -> Verdict:
         __tracebackhide__ = True
@@ -428,6 +432,21 @@ class ServingBenchmark:
         return self._expect(check_latency(self.result, concurrency, metric, max_ms, self.context, stat),
                             f"{stat}_{metric}_c{concurrency}")
 
+    def expect_no_regression(self, tolerance: str | float | None = None,
+                             **metrics: str | float) -> list[baseline.LevelComparison]:
+        """Every level no worse than its ``--gpuready-baseline`` level: ``tolerance`` for every metric
+        (``"5%"`` or ``0.05``), ``output_tok_s="5%"``, ``ttft_p99="20%"``... per metric; these win over
+        ``--gpuready-compare-fail``, whose values win over the default 10%. Skips without a baseline.
+        """
+        __tracebackhide__ = True
+        try:
+            per_test = baseline.tolerances_of(tolerance, metrics)
+        except ValueError as exc:
+            raise ConfigError(f"expect_no_regression: {exc}") from None
+        if self.comparison is None:
+            pytest.skip("no baseline to compare with: pass --gpuready-baseline PATH")
+        return self.comparison.expect(per_test)
+
     def expect_no_failed_requests(self) -> Verdict:
         __tracebackhide__ = True
         return self._expect(check_no_failed_requests(self.result, self.context), "no_failed_requests")
@@ -448,6 +467,14 @@ class ServingBenchmark:
 BenchmarkServing = Callable[..., ServingBenchmark]
 
 
+def _pool_of(config: pytest.Config, server: VLLMServer) -> ServerPool | None:
+    """The pool (so the host session) that handed out ``server``."""
+    for pool in config.stash.get(POOL_KEY, {}).values():
+        if any(kept is server for kept in pool.servers.values()):
+            return pool
+    return None
+
+
 @pytest.fixture
 def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
     """Run :func:`run_benchmark` against a server: ``bench = benchmark_serving(server, concurrency=[1, 64])``.
@@ -458,12 +485,19 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
     """
 
     def run(server: VLLMServer, concurrency: Sequence[int] | int = (1, 8, 64), *,
-            allow_failed_requests: bool = False, **kwargs: Any) -> ServingBenchmark:
+            allow_failed_requests: bool = False, rounds: int | None = None, **kwargs: Any) -> ServingBenchmark:
         __tracebackhide__ = True
         failure: str | None = None
         alive = None if server.is_attached else server.is_alive
+        state = baseline.state_of(pytestconfig)
+        pool = _pool_of(pytestconfig, server)
+        host = pool.host() if pool is not None else server.host
+        session = pool.host_session if pool is not None else None
+        snapshot = session.latest if session is not None else None
+        sampling = baseline.LevelSampling(host, snapshot, server.spec) if state.active else None
         try:
-            result = run_benchmark(server.url, server.model_name, concurrency, alive=alive, **kwargs)
+            result = run_benchmark(server.url, server.model_name, concurrency, alive=alive,
+                                   rounds=baseline.rounds_for(pytestconfig, rounds), around_level=sampling, **kwargs)
         except ServerGoneError as exc:
             died = server.died_error("during the benchmark",
                                      f"{exc.sent} requests sent ({exc.failed} failed), then no more")
@@ -484,12 +518,21 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
             record(pytestconfig, f"{prefix}.p99_ttft_ms", round(level.ttft.p99_ms, 2))
             record(pytestconfig, f"{prefix}.mean_tpot_ms", round(level.tpot.mean_ms, 3))
             record(pytestconfig, f"{prefix}.failed", level.failed)
-        add_report_entry(pytestconfig, "benchmarks", {"server": server.describe(), "context": _context(server),
-                                                      **result.to_dict()})
+        entry = add_report_entry(pytestconfig, "benchmarks", {"server": server.describe(),
+                                                              "context": _context(server), **result.to_dict()})
         write = _terminal_writer(pytestconfig)
         for line in result.table().splitlines():
             write(line)
-        measured = ServingBenchmark(result, server, pytestconfig)
+        comparison = None
+        if sampling is not None:
+            occurrence = baseline.next_occurrence(pytestconfig, server.describe())
+            item = pytestconfig.stash.get(CURRENT_ITEM_KEY, None)
+            levels = baseline.measured_levels(
+                result, item.nodeid if item is not None else "", server.describe(), occurrence, server.spec,
+                snapshot, host, server.ready.vllm_version if server.ready is not None else None, sampling.events)
+            comparison = baseline.BenchComparison(pytestconfig, server.describe(), levels, sampling.on_gpu, entry)
+            baseline.start_comparison(pytestconfig, comparison)
+        measured = ServingBenchmark(result, server, pytestconfig, comparison)
         if not allow_failed_requests:
             measured.expect_no_failed_requests()
         return measured
