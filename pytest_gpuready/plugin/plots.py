@@ -1,7 +1,8 @@
 """``--gpuready-plot DIR``: PNGs a person reads at a glance, drawn from the JSON report's document.
 
-- ``throughput.png``: output tokens/s and mean TTFT (p99 dashed) against concurrency, one line per
-  deployment and host;
+- ``throughput.png``: output tokens/s (log axis) and mean TTFT (p99 dashed) against concurrency, one
+  line per deployment and host; with ``--gpuready-baseline``, the baseline's rounds as a band behind
+  the current points (its lowest to highest round, its median dotted) on the throughput side;
 - ``gpu-memory.png``: each GPU's memory, stacked: weights, KV cache, other, free (GiB). A GPU a
   server of the run used gets vLLM's own split (``Model loading took X GiB``, ``Available KV cache
   memory``; other = what the driver showed used beyond those); any other GPU of a probed host
@@ -41,12 +42,27 @@ def _pyplot() -> Any:
     return plt
 
 
+def baseline_band(benchmarks: Sequence[Mapping[str, Any]]) -> dict[int, tuple[float, float, float]]:
+    """Concurrency -> (lowest, median, highest) output tok/s over the baseline's rounds."""
+    band: dict[int, tuple[float, float, float]] = {}
+    for bench in benchmarks:
+        for level in (bench.get("comparison") or {}).get("levels") or []:
+            rounds = sorted((level.get("baseline_samples") or {}).get("output_tok_s") or [])
+            if rounds:
+                middle = rounds[len(rounds) // 2] if len(rounds) % 2 else (rounds[len(rounds) // 2 - 1] +
+                                                                           rounds[len(rounds) // 2]) / 2
+                band[int(level["concurrency"])] = (float(rounds[0]), float(middle), float(rounds[-1]))
+    return band
+
+
 def plot_throughput(document: Mapping[str, Any], directory: Path) -> Path | None:
-    """Output tok/s and TTFT against concurrency, a line per (deployment, host)."""
+    """Output tok/s and TTFT against concurrency, a line per (deployment, host), the baseline as a band."""
     series: dict[str, list[Mapping[str, Any]]] = {}
+    benches: dict[str, list[Mapping[str, Any]]] = {}
     for bench in document.get("benchmarks") or []:
         label = f"{bench.get('server')} @ {bench.get('host') or 'local'}"
         series.setdefault(label, []).extend(bench.get("levels") or [])
+        benches.setdefault(label, []).append(bench)
     if not series:
         return None
     plt = _pyplot()
@@ -57,11 +73,20 @@ def plot_throughput(document: Mapping[str, Any], directory: Path) -> Path | None
         x = [int(p["max_concurrency"]) for p in points]
         levels_seen.update(x)
         colour = f"C{index % 10}"
+        band = baseline_band(benches[label])
+        if band:
+            shown = sorted(band)
+            tput.fill_between(shown, [band[c][0] for c in shown], [band[c][2] for c in shown], color=colour,
+                              alpha=0.18, linewidth=0, label=f"{label}, baseline rounds")
+            tput.plot(shown, [band[c][1] for c in shown], linestyle=":", color=colour,
+                      label=f"{label}, baseline median")
         tput.plot(x, [float(p["output_throughput"]) for p in points], marker="o", color=colour, label=label)
         ttft.plot(x, [float(p["mean_ttft_ms"]) for p in points], marker="o", color=colour, label=f"{label}, mean")
         if all("p99_ttft_ms" in p for p in points):
             ttft.plot(x, [float(p["p99_ttft_ms"]) for p in points], marker="x", linestyle="--", color=colour,
                       label=f"{label}, p99")
+    tput.set_yscale("log")  # levels differ by orders of magnitude; a band's width reads as a ratio
+    ttft.set_ylim(bottom=0)
     ticks = sorted(levels_seen)
     for axes, title, ylabel in ((tput, "Output throughput", "output tokens/s"),
                                 (ttft, "Time to first token", "TTFT (ms)")):
@@ -71,7 +96,6 @@ def plot_throughput(document: Mapping[str, Any], directory: Path) -> Path | None
         axes.set_xlabel("concurrency (requests in flight)")
         axes.set_ylabel(ylabel)
         axes.set_title(title)
-        axes.set_ylim(bottom=0)
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize="small")
     tokens = sorted({(b.get("prompt_tokens"), b.get("output_tokens")) for b in document.get("benchmarks") or []})
