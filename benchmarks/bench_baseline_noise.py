@@ -85,7 +85,7 @@ def main() -> int:
     try:
         save = run_gate(work, server.url, spec, baseline, "--gpuready-baseline-save", workload=workload, name="save")
         results["save"] = summary_of(save)
-        print(f"saved baseline: rc={save.returncode} {results['save']['levels']}", flush=True)
+        print(f"saved baseline: rc={save.returncode} {save.verdicts()}", flush=True)
         if save.returncode != 0:
             print(save.output[-3000:])
         for index in range(args.runs):

@@ -119,17 +119,25 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--gpuready-baseline-save: give the file with --gpuready-baseline PATH")
     state = BaselineState(path, save, resolved["gpuready_compare_fail"])
     if path is not None:
+        source = _source(config, GPUREADY_BASELINE)
         if path.exists():
             try:
                 state.levels = store.load(path)
             except store.BaselineFileError as exc:
-                raise pytest.UsageError(f"--gpuready-baseline {raw!r}: {exc}") from None
+                raise pytest.UsageError(f"{source} {raw!r}: {exc}") from None
         elif not save:
-            raise pytest.UsageError(f"--gpuready-baseline {raw!r}: no such file (write it first with "
+            raise pytest.UsageError(f"{source} {raw!r}: no such file (write it first with "
                                     "--gpuready-baseline-save)")
     config.stash[_STATE_KEY] = state
     if not hasattr(config, "workerinput") and config.pluginmanager.get_plugin(_COLLECTOR_NAME) is None:
         config.pluginmanager.register(BaselineCollector(config), _COLLECTOR_NAME)
+
+
+def _source(config: pytest.Config, setting: s.Setting[Any]) -> str:
+    """Where a resolved value came from, as the usage errors name it: the flag, ``$ENV`` or ``ini KEY``."""
+    if config.getoption(setting.dest, default=None) is not None:
+        return setting.flag
+    return f"${setting.env}" if os.environ.get(setting.env) else f"ini {setting.ini}"
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
