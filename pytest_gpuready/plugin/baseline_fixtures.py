@@ -458,40 +458,38 @@ class BaselineCollector:
 def _number(value: float | None, unit: str) -> str:
     if value is None:
         return "-"
-    return f"{value:.1f} {unit}" if abs(value) >= 10 else f"{value:.3g} {unit}"
+    return f"{value:.0f} {unit}" if abs(value) >= 100 else f"{value:.3g} {unit}"
 
 
 def comparison_rows(benchmarks: Sequence[Mapping[str, Any]], width: int = MAX_WIDTH) -> list[tuple[str, bool]]:
-    """The table: level, metric, baseline, now, change, verdict (each line fits ``width``)."""
+    """The table: test and server, level, metric, baseline, now, change, verdict (each line fits ``width``)."""
     body: list[tuple[list[str], bool]] = []
     for bench in benchmarks:
         for level in (bench.get("comparison") or {}).get("levels") or []:
-            metrics = level.get("metrics") or []
-            head = _headline(metrics)
+            head = _headline(level.get("metrics") or [])
             test = str(bench.get("test", "")).rsplit("::", 1)[-1]
-            name = f"{test} {bench.get('server')} c{level.get('concurrency')}"
-            verdict = str(level.get("verdict"))
-            if level.get("saved"):
-                verdict += ", saved"
+            cells = [f"{test} {bench.get('server')}", f"c{level.get('concurrency')}"]
+            verdict = str(level.get("verdict")) + (", saved" if level.get("saved") else "")
             if head is not None:
-                change = head.get("change")
-                p = head.get("p_value")
-                metric = METRIC_BY_NAME.get(str(head["metric"]))
+                change, metric = head.get("change"), METRIC_BY_NAME.get(str(head["metric"]))
                 unit = str(head.get("unit", ""))
-                cells = [name, metric.label if metric is not None else str(head["metric"]),
-                         _number(head.get("baseline"), unit), _number(head.get("now"), unit),
-                         f"{change:+.1%}" if change is not None else "-", f"{verdict} (p={p:.2g})"]
+                cells += [metric.label if metric is not None else str(head["metric"]),
+                          _number(head.get("baseline"), unit), _number(head.get("now"), unit),
+                          f"{change:+.1%}" if change is not None else "-", f"{verdict} (p={head.get('p_value'):.2g})"]
             else:
-                cells = [name, "-", "-", "-", "-", f"{verdict}: {level.get('reason')}"]
+                cells += ["-", "-", "-", "-", f"{verdict}: {level.get('reason')}"]
             body.append((cells, not level.get("ok") and not level.get("saved")))
     if not body:
         return []
-    header = ["level", "metric", "baseline", "now", "change", "verdict"]
-    widths = [min(40, max(len(r[0][i]) for r in [(header, False), *body])) for i in range(5)]
+    header = ["test, server", "level", "metric", "baseline", "now", "change", "verdict"]
+    rows = [(header, False), *body]
+    widths = [max(len(r[0][i]) for r in rows) for i in range(7)]
+    # the test and server column gives way, so the figures and the verdict keep their room
+    widths[0] = max(12, min(widths[0], width - sum(widths[1:]) - 2 * 6))
     lines = []
-    for cells, bad in [(header, False), *body]:
-        parts = [fit(cells[0], widths[0]).ljust(widths[0]), cells[1].ljust(widths[1]),
-                 cells[2].rjust(widths[2]), cells[3].rjust(widths[3]), cells[4].rjust(widths[4]), cells[5]]
+    for cells, bad in rows:
+        parts = [fit(cells[0], widths[0]).ljust(widths[0]), cells[1].ljust(widths[1]), cells[2].ljust(widths[2]),
+                 *(cells[i].rjust(widths[i]) for i in (3, 4, 5)), cells[6]]
         lines.append((fit("  ".join(parts), width), bad))
     return lines
 

@@ -79,12 +79,13 @@ def slower_report() -> dict[str, object]:
 
 def test_the_summary_table_shows_level_baseline_now_change_and_verdict() -> None:
     rows = comparison_rows(slower_report()["benchmarks"])  # type: ignore[arg-type]
-    assert rows[0][0].split() == ["level", "metric", "baseline", "now", "change", "verdict"]
-    texts = [text for text, _ in rows[1:]]
+    assert rows[0][0].split() == ["test,", "server", "level", "metric", "baseline", "now", "change", "verdict"]
     assert all(len(text) <= MAX_WIDTH for text, _ in rows)
-    c8 = next(text for text in texts if " c8 " in text)
-    assert "output tok/s" in c8 and "regressed (p=0.00058)" in c8
-    assert [bad for text, bad in rows[1:] if " c8 " in text] == [True]
+    c8 = next(text for text, _ in rows if "  c8  " in text)
+    assert "output tok/s  1581 tok/s  471 tok/s  -70.2%  regressed (p=0.00058)" in c8
+    c1 = next(text for text, _ in rows if "  c1  " in text)
+    assert c1.endswith("ok (p=0.097)")
+    assert [bad for text, bad in rows[1:]] == [False, True]
 
 
 def test_the_github_export_splits_by_direction() -> None:

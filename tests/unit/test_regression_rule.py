@@ -222,6 +222,18 @@ def test_a_baseline_file_round_trips_and_a_bad_one_is_named(tmp_path: Path) -> N
 # ---------------------------------------------------------------- clock-event reasons
 
 
+def test_the_h200s_idle_capture_reads_as_idle_and_unthrottled() -> None:
+    capture = (Path(__file__).parents[1] / "data" / "nvidia-smi" / "h200x1-clock-events-idle.txt").read_text()
+    rows = [line.split(", ") for line in capture.splitlines() if not line.startswith(("#", "index"))]
+    masks = parse_smi("\n".join(f"{cells[0]}, {cells[3]}" for cells in rows))
+    assert masks == {0: 1}
+    events = ClockEvents()
+    events.add(masks)
+    assert decode(masks[0]) == ("gpu_idle",)
+    assert events.throttled is None
+    assert events.power_capped is None
+
+
 def test_reasons_are_nvmls_bits() -> None:
     assert decode(0x0) == ()
     assert decode(0x4) == ("sw_power_cap",)
