@@ -92,9 +92,11 @@ def test_the_github_export_splits_by_direction() -> None:
     bigger, smaller = github_benchmark_entries(slower_report()["benchmarks"])  # type: ignore[arg-type]
     assert {e["unit"] for e in bigger} == {"tok/s", "req/s"}
     assert {e["unit"] for e in smaller} == {"ms"}
-    assert len(bigger) == 2 * 2 and len(smaller) == 2 * 6  # 2 levels
+    assert len(bigger) == 2 * 2
+    assert len(smaller) == 2 * 6
     c8 = next(e for e in bigger if e["name"].endswith("| c8 | output tok/s"))
-    assert c8["extra"].startswith("baseline: regressed, -") and c8["range"].startswith("± ")
+    assert c8["extra"].startswith("baseline: regressed, -")
+    assert c8["range"].startswith("± ")
     for entry in bigger + smaller:
         assert set(entry) <= {"name", "unit", "value", "range", "extra"}
         assert isinstance(entry["value"], float)
