@@ -64,6 +64,8 @@ def main() -> int:
     parser.add_argument("--output-tokens", type=int, default=32)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--json", type=Path, help="write every run's verdicts here")
+    parser.add_argument("--restart", action="store_true",
+                        help="a fresh server for every unchanged run (as CI has: each gate the first after a start)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="gpuready-baseline-"))
@@ -89,12 +91,18 @@ def main() -> int:
         if save.returncode != 0:
             print(save.output[-3000:])
         for index in range(args.runs):
+            if args.restart:
+                server.stop()
+                server = VLLMServer(spec, LocalHost(), log_dir=work / f"logs-{index}")
+                server.start()
             run = run_gate(work, server.url, spec, baseline, workload=workload, name=f"run{index}")
             results["runs"].append(summary_of(run))
             line = ", ".join(f"c{c}: {v['verdict']} {v['output_tok_s_change']:+.1%} p={v['output_tok_s_p']:.2g}"
                              if v["output_tok_s_change"] is not None else f"c{c}: {v['verdict']}"
                              for c, v in results["runs"][-1]["levels"].items())
             print(f"unchanged run {index + 1}/{args.runs}: rc={run.returncode} {line}", flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1) + "\n")
         stored = json.loads(baseline.read_text())
         for level in stored["levels"].values():
             level["key"]["vllm_version"] = "0.24.0"
