@@ -26,6 +26,7 @@ from pytest_gpuready.model.backends import (
     FP8_KV_DTYPES,
     MIN_FP8_CAPABILITY,
     format_arch,
+    kv_dtype_alias,
     parse_gpu_arch,
     select_mla_backend,
 )
@@ -548,6 +549,10 @@ def effective_kv_cache_dtype(model: ModelSpec, kv_cache_dtype: str = "auto",
     version = _version(vllm_version)
     quant = model.quantization
     asked = quant.kv_cache_dtype if quant else None
+    alias = kv_dtype_alias(model.architectures, kv_cache_dtype, version)
+    if alias is not None:
+        return KvCacheDtype(alias, f"--kv-cache-dtype {kv_cache_dtype} is used as {alias} for "
+                                   f"{model.architectures[0]} (models/config.py: verify_and_update_config)")
     if kv_cache_dtype != "auto":
         if (quant is not None and quant.method == "compressed-tensors" and asked
                 and not model.is_mla and version is not None and not version.at_least(0, 33)):

@@ -180,3 +180,19 @@ def test_gpus_suggests_the_closest_preset() -> None:
                                       "one of H100-80GB, ")
     assert (closest_preset("rtx5090"), closest_preset("a100"), closest_preset("quadro")) == \
         ("RTX-5090", "A100-80GB", None)
+
+
+# ---------------------------------------------------------------- KV dtype aliases
+
+@pytest.mark.parametrize("version", ["0.17.0", "0.25.0", "0.32.0"])
+def test_sparse_mla_fp8_is_fp8_ds_mla_on_hopper(version: str) -> None:
+    """DeepSeek-V3.2 (FP8) with ``--kv-cache-dtype fp8`` on H100/H200 loads: vLLM's
+    ``DeepseekV32ForCausalLM.verify_and_update_config`` logs "Using custom fp8 kv-cache format for
+    DeepSeekV3.2" and uses ``fp8_ds_mla``, which FLASHMLA_SPARSE accepts (the plugin used to say no
+    backend exists). Its pages are 656 bytes per token per layer."""
+    from pytest_gpuready.model.checks import check_mla_kv_backend
+
+    model = config("deepseek-ai__DeepSeek-V3.2")
+    verdict = check_mla_kv_backend(model, (9, 0), "fp8", version, tp=8)
+    assert verdict.ok and "fp8_ds_mla: vLLM would use FLASHMLA_SPARSE" in verdict.summary, verdict.summary
+    assert kv_cache_bytes_per_token(model, 8, "fp8") == 61 * 656
