@@ -196,3 +196,23 @@ def test_sparse_mla_fp8_is_fp8_ds_mla_on_hopper(version: str) -> None:
     verdict = check_mla_kv_backend(model, (9, 0), "fp8", version, tp=8)
     assert verdict.ok and "fp8_ds_mla: vLLM would use FLASHMLA_SPARSE" in verdict.summary, verdict.summary
     assert kv_cache_bytes_per_token(model, 8, "fp8") == 61 * 656
+
+
+# ---------------------------------------------------------------- layouts that are not powers of two
+
+def test_non_power_of_two_layouts_are_rows_with_vllms_failure() -> None:
+    """Six- and ten-GPU boxes: TP=3 and 6 (5 and 10) are rows, failing as vLLM fails, e.g.
+    Llama-3.1-8B's 32 heads at TP=3 and Mixtral-8x22B's vocab 32000 at TP=3 (before its 8 KV heads)."""
+    from pytest_gpuready.plan.planner import plan_layouts
+
+    llama = config("meta-llama__Llama-3.1-8B")
+    rows = plan_layouts(llama, preset_snapshot(*parse_gpus("6xL40S")), model_path="/m", vllm_version=V019)
+    by_tp = {r.layout.tp: r for r in rows if r.layout.pp == 1 and r.layout.dp == 1}
+    assert {3, 6} <= set(by_tp)
+    assert "Total number of attention heads (32) must be divisible by tensor parallel size (3)" in by_tp[3].reason
+    ten = plan_layouts(llama, preset_snapshot(*parse_gpus("10xL40S")), model_path="/m", vllm_version=V019)
+    assert {5, 10} <= {r.layout.tp for r in ten}
+    mixtral = config("mistralai__Mixtral-8x22B-v0.1")
+    rows = plan_layouts(mixtral, preset_snapshot(*parse_gpus("6xH100-80GB")), model_path="/m", vllm_version=V019)
+    tp3 = next(r for r in rows if r.layout.tp == 3 and r.layout.pp == 1 and r.layout.dp == 1)
+    assert tp3.status == "fails" and "32000" in tp3.reason
