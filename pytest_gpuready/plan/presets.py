@@ -1,14 +1,14 @@
 """GPU presets for planning without a host (``--gpus 8xH100-80GB``).
 
 Each preset is what ``nvidia-smi`` reports for the card (``memory.total`` in MiB, compute
-capability), the memory CUDA sees of it (vLLM's budget is a fraction of that, not of nvidia-smi's
-figure) with where that figure comes from (``GpuPreset.source``), plus the layout assumptions a multi-GPU box of that card usually has, stated so a
-plan on a preset can be read: 8-GPU boxes put GPUs 0-3 on NUMA node 0 and 4-7 on node 1 (the
-8x H100 and 8x RTX PRO 6000 captures in tests/data/nvidia-smi); SXM / HGX cards (H100, H800,
-H20, H200, B200, GB200, A100, A800, V100) link every pair by NVLink, PCIe cards (L40S, L40, L4,
-A10G, A6000, RTX, T4) go through PCIe, with the pairs on one NUMA
-node counted as one PCIe host bridge (``NODE``) and the rest ``SYS``. A real host
-(``--gpu-host``) replaces all of this with its own ``nvidia-smi topo -m``.
+capability), the memory CUDA sees of it (vLLM's budget is a fraction of that, not of
+nvidia-smi's figure) with where that figure comes from (``GpuPreset.source``), plus the layout
+assumptions a multi-GPU box of that card usually has, stated so a plan on a preset can be read:
+8-GPU boxes put GPUs 0-3 on NUMA node 0 and 4-7 on node 1 (the 8x H100 and 8x RTX PRO 6000
+captures in tests/data/nvidia-smi); SXM / HGX cards (H100, H800, H20, H200, B200, GB200, A100,
+A800, V100) link every pair by NVLink, PCIe cards (L40S, L40, L4, A10G, A6000, RTX, T4) go
+through PCIe, with the pairs on one NUMA node counted as one PCIe host bridge (``NODE``) and the
+rest ``SYS``. A real host (``--gpu-host``) replaces all of this with its own ``nvidia-smi topo -m``.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from pytest_gpuready.errors import ConfigError
+from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.model.checks import check_memory_fit, kv_cache_bytes_per_token, memory_plan
 from pytest_gpuready.model.memory import GIB, MIB, ServeSettings, SpeculativeSettings
 from pytest_gpuready.model.spec import ModelSpec, derived_weights_for, model_spec_from_config
@@ -31,7 +32,7 @@ def config(name: str, **overrides: Any) -> ModelSpec:
     return model_spec_from_config(data, name=name)
 
 
-def h100(count: int = 1):  # type: ignore[no-untyped-def]
+def h100(count: int = 1) -> HostSnapshot:
     return preset_snapshot(*parse_gpus(f"{count}xH100-80GB"))
 
 
@@ -49,7 +50,8 @@ def test_gpt_oss_20b_on_one_h100_at_095_is_a_misfit_in_vllms_words() -> None:
     outside the budget."""
     model = config("openai__gpt-oss-20b")
     verdict = check_memory_fit(model, h100(), 1, gpu_memory_utilization=0.95, vllm_version=V019)
-    assert not verdict.ok and verdict.needs is None
+    assert not verdict.ok
+    assert verdict.needs is None
     assert "CUDA out of memory occurred when warming up sampler with 1024 dummy requests. Please try " \
            "lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine." in verdict.summary
     available = verdict.evidence["kv_cache_bytes"] / GIB
@@ -67,7 +69,8 @@ def test_gpt_oss_120b_at_tp2_095_on_h100_is_a_misfit() -> None:
     layer_types = ["sliding_attention", "full_attention"] * 18
     model = config("openai__gpt-oss-20b", num_hidden_layers=36, num_local_experts=128, layer_types=layer_types)
     verdict = check_memory_fit(model, h100(2), 2, gpu_memory_utilization=0.95, vllm_version=V019)
-    assert not verdict.ok and "warming up sampler with 1024 dummy requests" in verdict.summary
+    assert not verdict.ok
+    assert "warming up sampler with 1024 dummy requests" in verdict.summary
 
 
 def test_qwen3_32b_tp2_095_sampler_warm_up() -> None:
@@ -79,7 +82,8 @@ def test_qwen3_32b_tp2_095_sampler_warm_up() -> None:
     data.pop("quantization_config")
     model = model_spec_from_config(data, name="Qwen3-32B")
     verdict = check_memory_fit(model, h100(2), 2, gpu_memory_utilization=0.95, vllm_version=V011)
-    assert not verdict.ok and "warming up sampler with 1024 dummy requests" in verdict.summary
+    assert not verdict.ok
+    assert "warming up sampler with 1024 dummy requests" in verdict.summary
     # 40.23 GiB predicted: -3.9%, with the H100 assumed and the 1.6 GiB TP communicator term.
     assert abs(verdict.evidence["kv_cache_bytes"] / GIB - 41.87) / 41.87 < 0.05
 
@@ -107,7 +111,8 @@ def test_a_v0_engine_version_is_undecided_naming_the_modelled_range(version: str
     model = config("meta-llama__Llama-3.1-8B")
     snapshot = preset_snapshot(*parse_gpus("1xRTX-4090"))
     verdict = check_memory_fit(model, snapshot, 1, max_model_len=8192, vllm_version=version)
-    assert verdict.needs is not None and not verdict.ok
+    assert verdict.needs is not None
+    assert not verdict.ok
     assert "0.11 to 0.33" in verdict.needs
     assert f"vLLM {version} is not modelled" in verdict.summary
     assert "kv_cache_tokens" not in verdict.evidence
@@ -117,7 +122,8 @@ def test_a_v0_engine_version_is_undecided_naming_the_modelled_range(version: str
 def test_a_version_newer_than_the_newest_read_says_so() -> None:
     model = config("meta-llama__Llama-3.1-8B")
     verdict = check_memory_fit(model, h100(), 1, max_model_len=8192, vllm_version="0.40.0")
-    assert verdict.ok and "newer than the newest read, 0.33" in (verdict.rule_set or "")
+    assert verdict.ok
+    assert "newer than the newest read, 0.33" in (verdict.rule_set or "")
 
 
 # ---------------------------------------------------------------- shared experts spelled another way
@@ -158,7 +164,8 @@ def test_speculative_decoding_adds_its_memory() -> None:
 def test_every_preset_has_capability_link_and_memory_source(name: str, cc: tuple[int, int], nvlink: bool) -> None:
     preset = PRESETS[name.lower()]
     assert (preset.compute_capability, preset.nvlink) == (cc, nvlink)
-    assert preset.source and 0 <= preset.memory_reserved_mib < preset.memory_total_mib // 20
+    assert preset.source
+    assert 0 <= preset.memory_reserved_mib < preset.memory_total_mib // 20
     gpus = preset_snapshot(2, preset)
     assert gpus.require_gpus()[0].compute_capability == cc
 
@@ -194,7 +201,8 @@ def test_sparse_mla_fp8_is_fp8_ds_mla_on_hopper(version: str) -> None:
 
     model = config("deepseek-ai__DeepSeek-V3.2")
     verdict = check_mla_kv_backend(model, (9, 0), "fp8", version, tp=8)
-    assert verdict.ok and "fp8_ds_mla: vLLM would use FLASHMLA_SPARSE" in verdict.summary, verdict.summary
+    assert verdict.ok, verdict.summary
+    assert "fp8_ds_mla: vLLM would use FLASHMLA_SPARSE" in verdict.summary
     assert kv_cache_bytes_per_token(model, 8, "fp8") == 61 * 656
 
 
@@ -215,4 +223,5 @@ def test_non_power_of_two_layouts_are_rows_with_vllms_failure() -> None:
     mixtral = config("mistralai__Mixtral-8x22B-v0.1")
     rows = plan_layouts(mixtral, preset_snapshot(*parse_gpus("6xH100-80GB")), model_path="/m", vllm_version=V019)
     tp3 = next(r for r in rows if r.layout.tp == 3 and r.layout.pp == 1 and r.layout.dp == 1)
-    assert tp3.status == "fails" and "32000" in tp3.reason
+    assert tp3.status == "fails"
+    assert "32000" in tp3.reason

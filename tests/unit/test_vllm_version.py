@@ -56,7 +56,8 @@ def test_four_part_releases() -> None:
     hotfix = parse_vllm_version("0.10.1.1")
     assert parse_vllm_version("0.10.1") < hotfix < parse_vllm_version("0.10.1.2") < parse_vllm_version("0.10.2")
     assert hotfix.tail == (1,)
-    assert hotfix.at_least(0, 10, 1) and not hotfix.at_least(0, 10, 2)
+    assert hotfix.at_least(0, 10, 1)
+    assert not hotfix.at_least(0, 10, 2)
 
 
 def test_release_candidates_count_as_the_release_for_rules() -> None:
