@@ -116,7 +116,12 @@ def _verdict(snapshot: HostSnapshot, what: str, failures: list[str], warnings: l
     return Verdict.passed(ok_summary, evidence=evidence, warnings=tuple(warnings))
 
 
-def _alive(gpus: Sequence[GpuHealth]) -> list[GpuHealth]:
+def _alive(gpus: Sequence[GpuHealth], snapshot: HostSnapshot | None = None) -> list[GpuHealth]:
+    """The GPUs that answered; with ``snapshot``, a lost one is an error (its fields cannot be judged)."""
+    lost = [g for g in gpus if g.lost is not None]
+    if lost and snapshot is not None:
+        raise ProbeError(f"{_where(snapshot, lost[0])} does not answer ({lost[0].lost}): its health fields "
+                         "cannot be read")
     return [g for g in gpus if g.lost is None]
 
 
@@ -276,7 +281,7 @@ MEMORY_FIELDS = (
 def check_memory_health(snapshot: HostSnapshot, gpus: Sequence[int] | None = None) -> Verdict:
     """Row remaps, ECC, SRAM and retired pages against DCGM's and GCM's thresholds."""
     health = _health(snapshot)
-    selected = _alive(_gpus(snapshot, health, gpus))
+    selected = _alive(_gpus(snapshot, health, gpus), snapshot)
     failures: list[str] = []
     warnings: list[str] = []
     for gpu in selected:
@@ -331,7 +336,7 @@ def _name(snapshot: HostSnapshot, gpu: GpuHealth) -> str:
 def check_fabric(snapshot: HostSnapshot, gpus: Sequence[int] | None = None) -> Verdict:
     """On an NVSwitch machine, every GPU's fabric registration completed with success (else CUDA Error 802)."""
     health = _health(snapshot)
-    selected = _alive(_gpus(snapshot, health, gpus))
+    selected = _alive(_gpus(snapshot, health, gpus), snapshot)
     failures = []
     for gpu in selected:
         state, status = gpu.get("fabric.state"), gpu.get("fabric.status")
@@ -358,7 +363,7 @@ MODE_FIELDS = ("mig.mode.current", "mig.mode.pending", "compute_mode", "persiste
 def check_gpu_modes(snapshot: HostSnapshot, gpus: Sequence[int] | None = None, tp: int = 1) -> Verdict:
     """MIG off (fail with TP > 1, warn at TP = 1), compute mode Default, persistence on (warn)."""
     health = _health(snapshot)
-    selected = _alive(_gpus(snapshot, health, gpus))
+    selected = _alive(_gpus(snapshot, health, gpus), snapshot)
     failures: list[str] = []
     warnings: list[str] = []
     for gpu in selected:
@@ -402,7 +407,7 @@ def check_clocks_and_links(snapshot: HostSnapshot, gpus: Sequence[int] | None = 
     (nvidia-smi's help says so), so the generation is only recorded here; a narrower link warns.
     """
     health = _health(snapshot)
-    selected = _alive(_gpus(snapshot, health, gpus))
+    selected = _alive(_gpus(snapshot, health, gpus), snapshot)
     failures: list[str] = []
     warnings: list[str] = []
     for gpu in selected:

@@ -101,6 +101,12 @@ BUILD_SCRIPT = (
     "    for folder in sys.path:\n"
     "        for path in sorted(glob.glob(os.path.join(folder or \".\", pattern))):\n"
     "            name, _, version = os.path.basename(path)[:-10].rpartition(\"-\")\n"
+    "            if key != \"cuda-runtime\":\n"
+    "                try:\n"
+    "                    head = open(os.path.join(path, \"METADATA\"), errors=\"replace\").read(600)\n"
+    "                    version = head.split(\"\\nVersion: \", 1)[1].split(\"\\n\", 1)[0].strip()\n"
+    "                except (OSError, IndexError):\n"
+    "                    pass\n"
     "            if name not in seen:\n"
     "                seen.add(name)\n"
     "                print(key, name, version)\n"
@@ -168,7 +174,7 @@ def parse_health_query(output: str, host: str = "host") -> tuple[GpuHealth, ...]
     gpus: list[GpuHealth] = []
     for number, line in enumerate(rows, 1):
         if _LOST.search(line):
-            index = _index_in_lost_line(line, len(gpus))
+            index = _index_in_lost_line(line)
             gpus.append(GpuHealth(index=index, lost=" ".join(line.split())[:200]))
             continue
         cells = line.split(", ")
@@ -199,9 +205,10 @@ def parse_health_query(output: str, host: str = "host") -> tuple[GpuHealth, ...]
     return tuple(gpus)
 
 
-def _index_in_lost_line(line: str, default: int) -> int:
-    match = re.search(r"GPU\s*(\d+)\b", line)
-    return int(match.group(1)) if match else default
+def _index_in_lost_line(line: str) -> int:
+    """``GPU 3`` in the driver's line, else -1 (it named a bus id, ``GPU 0000:02:00.0``: index unknown)."""
+    match = re.search(r"GPU\s*(\d+)(?![\d:])", line)
+    return int(match.group(1)) if match else -1
 
 
 _CUDA_VERSION = re.compile(r"CUDA Version\s*:\s*(\d+)\.(\d+)")
@@ -270,11 +277,15 @@ def xid_codes(line: str) -> tuple[str, int] | None:
     return (match.group(1), int(match.group(2))) if match else None
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+"""nvidia-smi underlines the matrix's header row (``ESC[4mGPU0 ESC[0m``, captured on the H200)."""
+
+
 def parse_p2p_matrix(text: str) -> dict[tuple[int, int], str]:
     """``nvidia-smi topo -p2p r`` -> {(0, 1): "OK", ...} for each pair (the legend's codes)."""
     header: list[int] | None = None
     status: dict[tuple[int, int], str] = {}
-    for line in text.splitlines():
+    for line in _ANSI.sub("", text).splitlines():
         cells = line.split()
         if not cells or cells[0] == "Legend:":
             if header is not None and status:

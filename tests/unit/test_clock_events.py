@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -57,9 +58,9 @@ def test_rows_of_one_call() -> None:
 
 
 def test_the_sampler_ors_every_sample_and_names_throttled_gpus() -> None:
-    readings = iter([{0: 0x1, 1: 0x1}, {0: 0x4, 1: 0x48}, {0: 0x4, 1: 0x4}])
+    readings: Iterator[dict[int, int | None]] = iter([{0: 0x1, 1: 0x1}, {0: 0x4, 1: 0x48}, {0: 0x4, 1: 0x4}])
     took_two = threading.Event()
-    last = {0: 0x4, 1: 0x4}
+    last: dict[int, int | None] = {0: 0x4, 1: 0x4}
 
     def reader() -> dict[int, int | None]:
         try:
