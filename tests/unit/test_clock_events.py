@@ -89,3 +89,14 @@ def test_a_failed_sample_is_kept_not_raised() -> None:
     assert record is not None
     assert not record.measured
     assert "not measured: gpu-box: reading clock-event reasons failed" in record.describe()
+
+
+def test_a_benchmark_level_records_what_its_sampler_saw() -> None:
+    from pytest_gpuready.serve.bench import LevelResult, latency_stats
+
+    stats = latency_stats([0.1])
+    sampler = ClockEventSampler(reader=lambda: {0: 0x4 | 0x40}, interval_s=10).start()
+    level = LevelResult(1, 1, 0, 1.0, 10, 10, 1.0, 10.0, 20.0, 10.0, stats, stats, stats, stats,
+                        clock_events=sampler.stop())
+    assert level.throttled == {0: ("hw_thermal_slowdown",)}
+    assert level.to_dict()["clock_events"]["reasons"]["0"]["names"] == ["sw_power_cap", "hw_thermal_slowdown"]
