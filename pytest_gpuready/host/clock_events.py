@@ -1,248 +1,325 @@
-"""The GPU's clock-event reasons, sampled while a benchmark level runs: a throttled GPU is no regression.
+"""Clock-event reasons of a host's GPUs: decoding the bit mask, one reading, and a sampler.
 
-NVML reports why the clocks are below their maximum as a bit mask
-(``nvmlDeviceGetCurrentClocksEventReasons``; ``clocks_event_reasons.active`` in
-``nvidia-smi --query-gpu``, ``clocks_throttle_reasons.active`` on drivers before 535). The bits are
-NVML's ``nvmlClocksEventReason*`` constants (nvml.h). A level measured while the hardware slowed
-the clocks (HW slowdown, thermal, power brake) measured the cooling or the power supply, not the
-deployment: the comparison calls it ``invalid: throttled (...)``. The software power cap is what a
-GPU under full load normally runs at, so it is recorded only.
+Why it exists: a serving benchmark that ran while the GPU slowed itself down (HW slowdown,
+thermal, power brake) measured the cooling, not vLLM. DCGM fails its stress tests on exactly
+these bits, and a throughput baseline must call such a level *invalid*, not a regression
+(``gpu-health-anchors.md`` c.5 §5). ``SW power cap`` is different: an H200 under a bf16 matmul
+runs at its 700 W cap with bit ``0x4`` set (captured in ``all-fields-load.tsv``), so it is
+recorded and never judged.
 
-A minimal reader behind a small interface (:class:`ClockEventReader`: ``read() -> {gpu: mask}``),
-so the GPU health checks can supply theirs; :class:`ClockEventSampler` polls one on a thread
-for the length of a level.
+The API is small and shared: :func:`read_clock_events` reads the current mask of each GPU once
+(NVML on this machine, else one ``nvidia-smi --query-gpu`` over the host's connection, never one
+call per GPU), and :class:`ClockEventSampler` reads it in a background thread while a benchmark
+level runs and returns a :class:`ClockEventRecord`: every reason seen per GPU, and which of them
+throttle. The health checks (before load) and the benchmark (during each level) both use it.
 """
 
 from __future__ import annotations
 
-import shlex
+import contextlib
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from pytest_gpuready.errors import HostError, ProbeError
+from pytest_gpuready.errors import GpuReadyError, ProbeError
 from pytest_gpuready.host.hosts import Host
 
-REASONS: tuple[tuple[int, str, str], ...] = (
-    (0x0000000000000001, "gpu_idle", "GPU idle"),
-    (0x0000000000000002, "applications_clocks_setting", "applications clocks setting"),
-    (0x0000000000000004, "sw_power_cap", "SW power cap"),
-    (0x0000000000000008, "hw_slowdown", "HW slowdown"),
-    (0x0000000000000010, "sync_boost", "sync boost"),
-    (0x0000000000000020, "sw_thermal_slowdown", "SW thermal slowdown"),
-    (0x0000000000000040, "hw_thermal_slowdown", "HW thermal slowdown"),
-    (0x0000000000000080, "hw_power_brake_slowdown", "HW power brake slowdown"),
-    (0x0000000000000100, "display_clock_setting", "display clock setting"),
-)
-"""(bit, name, label) of each reason, as nvml.h defines them."""
-LABEL = {name: label for _, name, label in REASONS}
-INVALIDATING = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
-"""Reasons that make a level's figures the hardware's, not the deployment's."""
-RECORDED_ONLY = ("sw_power_cap",)
+CLOCK_EVENT_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+"""NVML's ``nvmlClocksEventReason*`` bits, named as nvidia-smi's ``clocks_event_reasons.*`` fields."""
 
-SMI_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
-"""The field by its name since driver 535, and before."""
+THROTTLING_MASK = 0x8 | 0x20 | 0x40 | 0x80
+"""HW slowdown, SW thermal, HW thermal, HW power brake: the GPU slowed itself; a level run so is invalid."""
 
+RECORDED_ONLY_MASK = 0x4
+"""SW power cap: the board at its power limit, normal under full load (Azure NHC ignores it too)."""
 
-def decode(mask: int) -> tuple[str, ...]:
-    """The reasons set in ``mask`` (unknown bits are ignored)."""
-    return tuple(name for bit, name, _ in REASONS if mask & bit)
+QUERY_FIELD = "clocks_event_reasons.active"
+LEGACY_QUERY_FIELD = "clocks_throttle_reasons.active"
+"""The name before driver 535.54.03 (Azure NHC switches names at that version)."""
 
-
-class ClockEventReader(Protocol):
-    """Reads the current clock-event mask of each GPU; raises :class:`ProbeError` if it cannot."""
-
-    def read(self) -> Mapping[int, int]: ...
+DEFAULT_INTERVAL_S = 0.5
 
 
-def parse_smi(text: str, host: str = "host") -> dict[int, int]:
-    """``0, 0x0000000000000004`` lines (``index, clocks_event_reasons.active``) -> {0: 4}."""
-    masks: dict[int, int] = {}
+def reason_names(mask: int) -> tuple[str, ...]:
+    """The names of the bits set in ``mask`` (unknown bits as ``0x...``), lowest bit first."""
+    names = [name for bit, name in CLOCK_EVENT_REASONS.items() if mask & bit]
+    unknown = mask & ~sum(CLOCK_EVENT_REASONS)
+    if unknown:
+        names.append(f"0x{unknown:x}")
+    return tuple(names)
+
+
+def throttling_reasons(mask: int) -> tuple[str, ...]:
+    """The throttling reasons in ``mask`` (empty: the GPU did not slow itself)."""
+    return reason_names(mask & THROTTLING_MASK)
+
+
+def parse_mask(text: str) -> int | None:
+    """``0x0000000000000004`` -> 4; ``[N/A]`` / ``[Not Supported]`` -> None (not supported on this GPU)."""
+    value = text.strip()
+    if value.startswith("[") or value in ("N/A", ""):
+        return None
+    try:
+        return int(value, 16) if value.lower().startswith("0x") else int(value)
+    except ValueError:
+        raise ProbeError(f"clock-event reasons read {value[:40]!r}, "
+                         "expected a bit mask like 0x0000000000000001") from None
+
+
+def clock_events_command() -> str:
+    """One ``nvidia-smi`` call for every GPU's mask, falling back to the pre-535 field name."""
+    tail = "--format=csv,noheader"
+    return (f"nvidia-smi --query-gpu=index,{QUERY_FIELD} {tail} 2>/dev/null "
+            f"|| nvidia-smi --query-gpu=index,{LEGACY_QUERY_FIELD} {tail}")
+
+
+def parse_clock_events(text: str, host: str = "host") -> dict[int, int | None]:
+    """Parse ``index, mask`` rows into GPU index -> mask (None where the GPU does not support it)."""
+    masks: dict[int, int | None] = {}
     for line in text.splitlines():
         if not line.strip():
             continue
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) != 2 or not cells[0].isdigit():
-            raise ProbeError(f"{host}: nvidia-smi clock-event reasons: expected 'index, 0xMASK', got {line.strip()!r}")
+        index, sep, value = line.partition(",")
+        if not sep or not index.strip().isdigit():
+            raise ProbeError(f"{host}: nvidia-smi --query-gpu=index,{QUERY_FIELD}: "
+                             f"unexpected line {line.strip()[:80]!r}")
         try:
-            masks[int(cells[0])] = int(cells[1], 16)
-        except ValueError:
-            raise ProbeError(f"{host}: nvidia-smi clock-event reasons of GPU {cells[0]}: expected a hex mask, "
-                             f"got {cells[1]!r}") from None
+            masks[int(index)] = parse_mask(value)
+        except ProbeError as exc:
+            raise ProbeError(f"{host}: GPU {int(index)}: {exc}") from None
     if not masks:
-        raise ProbeError(f"{host}: nvidia-smi printed no clock-event reasons")
+        raise ProbeError(f"{host}: nvidia-smi --query-gpu=index,{QUERY_FIELD} listed no GPUs")
     return masks
 
 
-@dataclass
-class SmiClockEventReader:
-    """``nvidia-smi --query-gpu=index,clocks_event_reasons.active`` on ``host`` (any host, one round trip)."""
-
-    host: Host
-    gpus: tuple[int, ...] | None = None
-    _field: str | None = None
-
-    def _script(self, name: str) -> str:
-        ids = f" -i {','.join(str(g) for g in self.gpus)}" if self.gpus is not None else ""
-        return f"nvidia-smi --query-gpu=index,{shlex.quote(name)} --format=csv,noheader{ids}"
-
-    def read(self) -> Mapping[int, int]:
-        tried = []
-        for name in ([self._field] if self._field else list(SMI_FIELDS)):
-            try:
-                result = self.host.run(self._script(name), timeout=10)
-            except HostError as exc:
-                raise ProbeError(f"{self.host.name}: clock-event reasons not read: {exc}") from None
-            if result.returncode == 0:
-                self._field = name
-                return parse_smi(result.stdout, self.host.name)
-            tried.append(f"{name}: {(result.stdout + result.stderr).strip()[:200]}")
-        raise ProbeError(f"{self.host.name}: clock-event reasons not read ({'; '.join(tried)})")
+def _nvml_mask(nvml: Any, handle: Any) -> int | None:
+    getter = (getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+              or nvml.nvmlDeviceGetCurrentClocksThrottleReasons)  # the name before nvidia-ml-py 12.535
+    try:
+        return int(getter(handle))
+    except nvml.NVMLError_NotSupported:
+        return None
 
 
-@dataclass
-class NvmlClockEventReader:
-    """NVML on this machine (the library the probe uses locally)."""
+class _NvmlReader:
+    """Masks through NVML, initialised once for a sampler's life (each init costs ~11 ms)."""
 
-    gpus: tuple[int, ...] | None = None
-
-    def read(self) -> Mapping[int, int]:
+    def __init__(self) -> None:
         import pynvml
 
+        self._nvml = pynvml
+        pynvml.nvmlInit()
+        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+
+    def __call__(self) -> dict[int, int | None]:
+        return {index: _nvml_mask(self._nvml, handle) for index, handle in enumerate(self._handles)}
+
+    def close(self) -> None:
+        self._nvml.nvmlShutdown()
+
+
+def _smi_reader(host: Host, timeout: float) -> Callable[[], dict[int, int | None]]:
+    command = clock_events_command()
+
+    def read() -> dict[int, int | None]:
+        result = host.run(command, timeout=timeout)
+        if result.returncode != 0:
+            detail = " ".join((result.stdout + " " + result.stderr).split())[:200]
+            raise ProbeError(f"{host.name}: reading clock-event reasons failed (exit {result.returncode}): {detail}")
+        return parse_clock_events(result.stdout, host.name)
+
+    return read
+
+
+def read_clock_events(host: Host, timeout: float = 10.0) -> dict[int, int | None]:
+    """Each GPU's current clock-event mask, once: NVML on this machine (else nvidia-smi), nvidia-smi elsewhere."""
+    if host.is_local:
         try:
-            pynvml.nvmlInit()
-        except pynvml.NVMLError as exc:
-            raise ProbeError(f"local: clock-event reasons not read: NVML could not be initialised: {exc}") from None
+            reader = _NvmlReader()
+        except Exception:  # no NVML here: nvidia-smi says why, if it can
+            return _smi_reader(host, timeout)()
         try:
-            get = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-                pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
-            indexes = self.gpus if self.gpus is not None else tuple(range(pynvml.nvmlDeviceGetCount()))
-            return {index: int(get(pynvml.nvmlDeviceGetHandleByIndex(index))) for index in indexes}
-        except pynvml.NVMLError as exc:
-            raise ProbeError(f"local: clock-event reasons not read: {exc}") from None
+            return reader()
         finally:
-            pynvml.nvmlShutdown()
+            reader.close()
+    return _smi_reader(host, timeout)()
 
 
-def reader_for(host: Host, gpu_reader: str, gpus: Sequence[int] | None) -> ClockEventReader:
-    """NVML where the probe read this machine's GPUs through NVML, else nvidia-smi on the host."""
-    chosen = tuple(gpus) if gpus is not None else None
-    if host.is_local and gpu_reader == "nvml":
-        return NvmlClockEventReader(chosen)
-    return SmiClockEventReader(host, chosen)
+@dataclass(frozen=True)
+class ClockEventRecord:
+    """What a sampler saw over one interval (a benchmark level): every reason per GPU, OR-ed.
+
+    ``seen[gpu]`` is the union of the masks sampled (None: not supported on this GPU);
+    ``throttled`` keeps only the throttling reasons; ``errors`` holds the samples that could not
+    be read (a level with no sample at all cannot say it was unthrottled: :attr:`measured`).
+    """
+
+    seen: Mapping[int, int | None]
+    samples: int
+    started_at: float
+    stopped_at: float
+    errors: tuple[str, ...] = ()
+    gpus: tuple[int, ...] | None = None
+    """The GPUs judged (None: all the host has)."""
+
+    @property
+    def measured(self) -> bool:
+        return self.samples > 0
+
+    @property
+    def throttled(self) -> dict[int, tuple[str, ...]]:
+        """GPU -> throttling reasons seen (only GPUs that throttled)."""
+        out: dict[int, tuple[str, ...]] = {}
+        for gpu, mask in self.seen.items():
+            if mask is not None and (self.gpus is None or gpu in self.gpus) and mask & THROTTLING_MASK:
+                out[gpu] = throttling_reasons(mask)
+        return out
+
+    def describe(self) -> str:
+        """``GPU 0: sw_power_cap; GPU 1: hw_slowdown, hw_thermal_slowdown (throttled)``, one clause a GPU."""
+        if not self.measured:
+            return "clock-event reasons not measured: " + ("; ".join(self.errors[:2]) or "no sample taken")
+        parts = []
+        for gpu in sorted(self.seen):
+            if self.gpus is not None and gpu not in self.gpus:
+                continue
+            mask = self.seen[gpu]
+            if mask is None:
+                parts.append(f"GPU {gpu}: clocks_event_reasons not supported on this GPU")
+                continue
+            names = ", ".join(reason_names(mask)) or "none"
+            parts.append(f"GPU {gpu}: {names}" + (" (throttled)" if mask & THROTTLING_MASK else ""))
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "samples": self.samples,
+            "duration_s": round(self.stopped_at - self.started_at, 3),
+            "reasons": {str(gpu): (None if mask is None
+                                   else {"mask": f"0x{mask:016x}", "names": list(reason_names(mask))})
+                        for gpu, mask in sorted(self.seen.items())
+                        if self.gpus is None or gpu in self.gpus},
+            "throttled": {str(gpu): list(names) for gpu, names in sorted(self.throttled.items())},
+            "errors": list(self.errors),
+        }
 
 
 @dataclass
-class ClockEvents:
-    """What the samples of one level saw: per reason, on how many samples of which GPUs it was active."""
-
-    samples: int = 0
-    gpus: tuple[int, ...] = ()
-    active: dict[str, dict[int, int]] = field(default_factory=dict)
-    """reason -> {gpu: samples where it was active}."""
-    not_sampled: str | None = None
-    """Why there are no samples (no GPU, or the reader failed): None when sampled."""
-
-    def add(self, masks: Mapping[int, int]) -> None:
-        self.samples += 1
-        self.gpus = tuple(sorted(set(self.gpus) | set(masks)))
-        for gpu, mask in masks.items():
-            for name in decode(mask):
-                per_gpu = self.active.setdefault(name, {})
-                per_gpu[gpu] = per_gpu.get(gpu, 0) + 1
-
-    def describe(self, names: Sequence[str]) -> str:
-        """``HW slowdown on GPU 0 in 3 of 12 samples; SW thermal slowdown on GPUs 0,1 in 1 of 12 samples``."""
-        parts = []
-        for name in names:
-            per_gpu = self.active.get(name)
-            if not per_gpu:
-                continue
-            gpus = sorted(per_gpu)
-            where = f"GPU {gpus[0]}" if len(gpus) == 1 else f"GPUs {','.join(str(g) for g in gpus)}"
-            parts.append(f"{LABEL.get(name, name)} on {where} in {max(per_gpu.values())} of {self.samples} samples")
-        return "; ".join(parts)
-
-    @property
-    def throttled(self) -> str | None:
-        """``HW slowdown on GPU 0 in 3 of 12 samples`` when a level was throttled, else None."""
-        return self.describe(INVALIDATING) or None
-
-    @property
-    def power_capped(self) -> str | None:
-        return self.describe(RECORDED_ONLY) or None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"samples": self.samples, "gpus": list(self.gpus), "not_sampled": self.not_sampled,
-                "active": {name: {str(g): n for g, n in per_gpu.items()} for name, per_gpu in self.active.items()},
-                "throttled": self.throttled, "sw_power_cap": self.power_capped}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ClockEvents:
-        active = {str(name): {int(g): int(n) for g, n in per_gpu.items()}
-                  for name, per_gpu in (data.get("active") or {}).items()}
-        return cls(int(data.get("samples") or 0), tuple(int(g) for g in data.get("gpus") or ()), active,
-                   data.get("not_sampled"))
-
-
 class ClockEventSampler:
-    """Polls a reader every ``interval_s`` on a thread between :meth:`start` and :meth:`stop`.
+    """Sample clock-event reasons in a background thread until :meth:`stop`.
 
-    One sample is taken at the start and one at the stop, so even a short level has two; a reader
-    that fails ends the sampling with the reason in :attr:`ClockEvents.not_sampled` (the
-    comparison then cannot say the level ran unthrottled, and says so).
+    ``with ClockEventSampler(host) as sampler: run_level(); record = sampler.record`` or
+    ``sampler.start(); ...; record = sampler.stop()``. One sample at start, one every
+    ``interval_s``, one at stop, so a short level still has two. ``reader`` replaces the host
+    read (tests; a caller with its own NVML session). A sample that fails is kept as an error
+    and sampling goes on: a flaky read must not end a benchmark.
     """
 
-    def __init__(self, reader: ClockEventReader, interval_s: float = 0.5) -> None:
-        self.reader = reader
-        self.interval_s = interval_s
-        self.events = ClockEvents()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
+    host: Host | None = None
+    interval_s: float = DEFAULT_INTERVAL_S
+    gpus: Sequence[int] | None = None
+    reader: Callable[[], Mapping[int, int | None]] | None = None
+    timeout_s: float = 10.0
+    _seen: dict[int, int | None] = field(default_factory=dict, init=False, repr=False)
+    _samples: int = field(default=0, init=False, repr=False)
+    _errors: list[str] = field(default_factory=list, init=False, repr=False)
+    _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _close: Callable[[], None] | None = field(default=None, init=False, repr=False)
+    _started_at: float = field(default=0.0, init=False, repr=False)
+    record: ClockEventRecord | None = field(default=None, init=False)
 
-    def _sample(self) -> bool:
+    def _resolve_reader(self) -> Callable[[], Mapping[int, int | None]]:
+        if self.reader is not None:
+            return self.reader
+        if self.host is None:
+            raise ValueError("ClockEventSampler needs a host or a reader")
+        if self.host.is_local:
+            try:
+                nvml = _NvmlReader()
+            except Exception:
+                return _smi_reader(self.host, self.timeout_s)
+            self._close = nvml.close
+            return nvml
+        return _smi_reader(self.host, self.timeout_s)
+
+    def _sample(self, read: Callable[[], Mapping[int, int | None]]) -> None:
         try:
-            masks = self.reader.read()
-        except ProbeError as exc:
+            masks = read()
+        except (GpuReadyError, OSError) as exc:
             with self._lock:
-                self.events.not_sampled = str(exc)
-            return False
+                if len(self._errors) < 20:
+                    self._errors.append(str(exc))
+            return
+        except Exception as exc:  # an NVML error: kept, named, never raised into the benchmark
+            with self._lock:
+                if len(self._errors) < 20:
+                    self._errors.append(f"{type(exc).__name__}: {exc}")
+            return
         with self._lock:
-            self.events.add(masks)
-        return True
+            self._samples += 1
+            for gpu, mask in masks.items():
+                before = self._seen.get(gpu)
+                self._seen[gpu] = mask if before is None else before | (mask or 0)
 
     def start(self) -> ClockEventSampler:
-        if self._sample():
-            self._thread = threading.Thread(target=self._run, name="gpuready-clock-events", daemon=True)
+        if self._thread is not None:
+            raise RuntimeError("ClockEventSampler already started")
+        try:
+            read = self._resolve_reader()
+        except (GpuReadyError, OSError) as exc:
+            self._errors.append(str(exc))
+            read = None
+        self._started_at = time.time()
+        if read is None:
+            self._thread = threading.Thread(target=lambda: None)
             self._thread.start()
+            return self
+        self._sample(read)
+
+        def loop() -> None:
+            while not self._stop.wait(self.interval_s):
+                self._sample(read)
+            self._sample(read)
+
+        self._thread = threading.Thread(target=loop, name="gpuready-clock-events", daemon=True)
+        self._thread.start()
         return self
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            if not self._sample():
-                return
-
-    def stop(self) -> ClockEvents:
+    def stop(self) -> ClockEventRecord:
+        """Stop sampling (after one last sample) and return what was seen."""
+        if self.record is not None:
+            return self.record
+        if self._thread is None:
+            raise RuntimeError("ClockEventSampler was not started")
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-            if self.events.not_sampled is None:
-                self._sample()
-        return self.events
+        self._thread.join(self.timeout_s + self.interval_s + 5.0)
+        if self._close is not None:
+            with contextlib.suppress(Exception):  # shutting NVML down must not fail a finished benchmark
+                self._close()
+        with self._lock:
+            self.record = ClockEventRecord(
+                seen=dict(self._seen), samples=self._samples, started_at=self._started_at,
+                stopped_at=time.time(), errors=tuple(self._errors),
+                gpus=tuple(self.gpus) if self.gpus is not None else None,
+            )
+        return self.record
 
+    def __enter__(self) -> ClockEventSampler:
+        return self.start()
 
-__all__ = [
-    "INVALIDATING",
-    "REASONS",
-    "RECORDED_ONLY",
-    "ClockEventReader",
-    "ClockEventSampler",
-    "ClockEvents",
-    "NvmlClockEventReader",
-    "SmiClockEventReader",
-    "decode",
-    "parse_smi",
-    "reader_for",
-]
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from pytest_gpuready.errors import ConfigError, GpuReadyError
-from pytest_gpuready.host.clock_events import ClockEvents, ClockEventSampler, reader_for
+from pytest_gpuready.host.clock_events import ClockEventRecord
 from pytest_gpuready.host.hosts import Host
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.plugin import settings as s
@@ -188,34 +188,10 @@ def comparability_key(spec: ServeSpec, snapshot: HostSnapshot | None, host: Host
     )
 
 
-class LevelSampling:
-    """The ``around_level`` of :func:`run_benchmark`: samples the clock-event reasons of each level."""
-
-    def __init__(self, host: Host, snapshot: HostSnapshot | None, spec: ServeSpec) -> None:
-        self.host = host
-        self.on_gpu = bool(_gpus_of(snapshot, spec))
-        self.gpu_reader = snapshot.gpu_reader if snapshot is not None else "none"
-        self.spec = spec
-        self.events: dict[int, ClockEvents] = {}
-        self._sampler: ClockEventSampler | None = None
-        self._level = 0
-
-    def __call__(self, concurrency: int) -> LevelSampling:
-        self._level = concurrency
-        return self
-
-    def __enter__(self) -> LevelSampling:
-        if not self.on_gpu:
-            self.events[self._level] = ClockEvents(not_sampled="no GPU on this host")
-            return self
-        reader = reader_for(self.host, self.gpu_reader, self.spec.gpus)
-        self._sampler = ClockEventSampler(reader, 0.25 if self.host.is_local else 1.0).start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._sampler is not None:
-            self.events[self._level] = self._sampler.stop()
-            self._sampler = None
+def on_gpu(snapshot: HostSnapshot | None, spec: ServeSpec) -> bool:
+    """Whether the server runs on GPUs the host's snapshot shows: then its levels' clock-event
+    reasons must have been read for a comparison to count (on a CPU host there are none to read)."""
+    return bool(_gpus_of(snapshot, spec))
 
 
 # ---------------------------------------------------------------- the comparison of one benchmark
@@ -249,7 +225,7 @@ class MeasuredLevel:
     samples: dict[str, list[float]]
     key: store.ComparabilityKey | None
     key_error: str | None
-    clock_events: ClockEvents | None
+    clock_events: ClockEventRecord | None
 
 
 class BenchComparison:
@@ -348,8 +324,7 @@ def start_comparison(config: pytest.Config, comparison: BenchComparison) -> None
 
 
 def measured_levels(result: BenchResult, test: str, server: str, occurrence: int, spec: ServeSpec,
-                    snapshot: HostSnapshot | None, host: Host, vllm_version: str | None,
-                    events: Mapping[int, ClockEvents]) -> list[MeasuredLevel]:
+                    snapshot: HostSnapshot | None, host: Host, vllm_version: str | None) -> list[MeasuredLevel]:
     levels = []
     for index, level in enumerate(result.levels):
         requests = result.requests[index] if index < len(result.requests) else level.completed + level.failed
@@ -361,7 +336,7 @@ def measured_levels(result: BenchResult, test: str, server: str, occurrence: int
             key_error = str(exc)
         levels.append(MeasuredLevel(store.level_id(test, server, level.concurrency, occurrence), level.concurrency,
                                     samples_of(result.rounds_at(level.concurrency)), key, key_error,
-                                    events.get(level.concurrency)))
+                                    level.clock_events))
     return levels
 
 
@@ -567,11 +542,11 @@ __all__ = [
     "GPUREADY_GITHUB_BENCHMARK",
     "BenchComparison",
     "LevelComparison",
-    "LevelSampling",
     "comparability_key",
     "comparison_rows",
     "github_benchmark_entries",
     "measured_levels",
+    "on_gpu",
     "rounds_for",
     "start_comparison",
     "state_of",

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from pytest_gpuready.errors import ConfigError, GpuReadyError
+from pytest_gpuready.host.clock_events import ClockEventSampler
 from pytest_gpuready.host.hosts import Host, LocalHost
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.model.deploy_config import Deployment, Throughput
@@ -420,17 +421,30 @@ class ServingBenchmark:
             pytest.fail(verdict.message, pytrace=False)
         return verdict
 
+    def _throttle_noted(self, verdict: Verdict, concurrency: int) -> Verdict:
+        """A missed threshold at a level the GPUs throttled says so: the cooling was measured, not vLLM."""
+        try:
+            throttled = self.result.at(concurrency).throttled
+        except KeyError:
+            return verdict
+        if verdict.ok or not throttled:
+            return verdict
+        reasons = "; ".join(f"GPU {gpu}: {', '.join(names)}" for gpu, names in sorted(throttled.items()))
+        return replace(verdict, details=(*verdict.details, f"the level ran throttled ({reasons}): the GPUs slowed "
+                                         "themselves, so this measures cooling or power, not the deployment"),
+                       evidence={**verdict.evidence, "throttled": {str(g): list(n) for g, n in throttled.items()}})
+
     def expect_output_throughput(self, concurrency: int, min_tok_s: float) -> Verdict:
         """At least ``min_tok_s`` output tokens/s at ``concurrency`` streams."""
         __tracebackhide__ = True
-        return self._expect(check_output_throughput(self.result, concurrency, min_tok_s, self.context),
-                            f"output_throughput_c{concurrency}")
+        verdict = check_output_throughput(self.result, concurrency, min_tok_s, self.context)
+        return self._expect(self._throttle_noted(verdict, concurrency), f"output_throughput_c{concurrency}")
 
     def expect_latency(self, concurrency: int, metric: str, max_ms: float, stat: str = "p99") -> Verdict:
         """``stat`` of ``metric`` (ttft, tpot, itl, e2el) at most ``max_ms`` at ``concurrency`` streams."""
         __tracebackhide__ = True
-        return self._expect(check_latency(self.result, concurrency, metric, max_ms, self.context, stat),
-                            f"{stat}_{metric}_c{concurrency}")
+        verdict = check_latency(self.result, concurrency, metric, max_ms, self.context, stat)
+        return self._expect(self._throttle_noted(verdict, concurrency), f"{stat}_{metric}_c{concurrency}")
 
     def expect_no_regression(self, tolerance: str | float | None = None,
                              **metrics: str | float) -> list[baseline.LevelComparison]:
@@ -507,10 +521,11 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
         host = pool.host() if pool is not None else server.host
         session = pool.host_session if pool is not None else None
         snapshot = _snapshot_for_baseline(session) if state.active else None
-        sampling = baseline.LevelSampling(host, snapshot, server.spec) if state.active else None
         try:
+            gpus = server.spec.gpus
+            kwargs.setdefault("clock_events", lambda: ClockEventSampler(server.host, gpus=gpus))
             result = run_benchmark(server.url, server.model_name, concurrency, alive=alive,
-                                   rounds=baseline.rounds_for(pytestconfig, rounds), around_level=sampling, **kwargs)
+                                   rounds=baseline.rounds_for(pytestconfig, rounds), **kwargs)
         except ServerGoneError as exc:
             died = server.died_error("during the benchmark",
                                      f"{exc.sent} requests sent ({exc.failed} failed), then no more")
@@ -531,19 +546,22 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
             record(pytestconfig, f"{prefix}.p99_ttft_ms", round(level.ttft.p99_ms, 2))
             record(pytestconfig, f"{prefix}.mean_tpot_ms", round(level.tpot.mean_ms, 3))
             record(pytestconfig, f"{prefix}.failed", level.failed)
+            if level.clock_events is not None:
+                record(pytestconfig, f"{prefix}.clock_events", level.clock_events.describe())
         entry = add_report_entry(pytestconfig, "benchmarks", {"server": server.describe(),
                                                               "context": _context(server), **result.to_dict()})
         write = _terminal_writer(pytestconfig)
         for line in result.table().splitlines():
             write(line)
         comparison = None
-        if sampling is not None:
+        if state.active:
             occurrence = baseline.next_occurrence(pytestconfig, server.describe())
             item = pytestconfig.stash.get(CURRENT_ITEM_KEY, None)
             levels = baseline.measured_levels(
                 result, item.nodeid if item is not None else "", server.describe(), occurrence, server.spec,
-                snapshot, host, server.ready.vllm_version if server.ready is not None else None, sampling.events)
-            comparison = baseline.BenchComparison(pytestconfig, server.describe(), levels, sampling.on_gpu, entry)
+                snapshot, host, server.ready.vllm_version if server.ready is not None else None)
+            comparison = baseline.BenchComparison(pytestconfig, server.describe(), levels,
+                                                  baseline.on_gpu(snapshot, server.spec), entry)
             baseline.start_comparison(pytestconfig, comparison)
         measured = ServingBenchmark(result, server, pytestconfig, comparison)
         if not allow_failed_requests:

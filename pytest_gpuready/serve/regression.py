@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_gpuready.host.clock_events import ClockEvents
+from pytest_gpuready.host.clock_events import ClockEventRecord
 from pytest_gpuready.serve.baseline import ComparabilityKey, StoredLevel, key_difference
 from pytest_gpuready.serve.compare import MetricComparison, Tolerances, compare_samples, rounds_needed
 
@@ -59,17 +59,19 @@ class LevelComparison:
 
 
 def judge_level(level: str, concurrency: int, key: ComparabilityKey, samples: Mapping[str, Sequence[float]],
-                clock_events: ClockEvents | None, stored: StoredLevel | None,
+                clock_events: ClockEventRecord | None, stored: StoredLevel | None,
                 *tolerances: Tolerances | None, on_gpu: bool = True) -> LevelComparison:
-    """The verdict of one level (see the module docstring for the order)."""
-    if clock_events is not None:
-        throttled = clock_events.throttled
-        if throttled:
-            return LevelComparison(level, concurrency, "invalid", f"throttled ({throttled})")
-        if on_gpu and clock_events.not_sampled is not None:
-            return LevelComparison(level, concurrency, "invalid",
-                                   f"clock-event reasons not read, so throttling cannot be ruled out "
-                                   f"({clock_events.not_sampled})")
+    """The verdict of one level (see the module docstring for the order).
+
+    ``on_gpu``: the server runs on GPUs, so a level without a single clock-event sample cannot
+    be said to have run unthrottled (on a CPU host there is nothing to sample).
+    """
+    if clock_events is not None and clock_events.throttled:
+        return LevelComparison(level, concurrency, "invalid", f"throttled ({throttled_text(clock_events)})")
+    if on_gpu and (clock_events is None or not clock_events.measured):
+        why = clock_events.describe() if clock_events is not None else "not sampled"
+        return LevelComparison(level, concurrency, "invalid",
+                               f"clock-event reasons not read, so throttling cannot be ruled out ({why})")
     if stored is None:
         return LevelComparison(level, concurrency, "no baseline", "no stored level of this id in the baseline "
                                "(write one with --gpuready-baseline-save)")
@@ -93,4 +95,10 @@ def judge_level(level: str, concurrency: int, key: ComparabilityKey, samples: Ma
     return LevelComparison(level, concurrency, worst, reason, metrics)
 
 
-__all__ = ["PASSING", "LevelComparison", "judge_level"]
+def throttled_text(record: ClockEventRecord) -> str:
+    """``GPU 0: hw_slowdown, hw_thermal_slowdown over 14 samples in 6.2 s``."""
+    gpus = "; ".join(f"GPU {gpu}: {', '.join(names)}" for gpu, names in sorted(record.throttled.items()))
+    return f"{gpus} over {record.samples} samples in {record.stopped_at - record.started_at:.1f} s"
+
+
+__all__ = ["PASSING", "LevelComparison", "judge_level", "throttled_text"]

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready.errors import ProbeError
-from pytest_gpuready.host.clock_events import ClockEvents, ClockEventSampler, decode, parse_smi
+from pytest_gpuready.host.clock_events import ClockEventRecord, ClockEventSampler
 from pytest_gpuready.serve import baseline as store
 from pytest_gpuready.serve.compare import (
     METRIC_BY_NAME,
@@ -219,68 +218,39 @@ def test_a_baseline_file_round_trips_and_a_bad_one_is_named(tmp_path: Path) -> N
         store.load(path)
 
 
-# ---------------------------------------------------------------- clock-event reasons
+# ---------------------------------------------------------------- clock-event reasons (host/clock_events.py)
 
 
-def test_the_h200s_idle_capture_reads_as_idle_and_unthrottled() -> None:
-    capture = (Path(__file__).parents[1] / "data" / "nvidia-smi" / "h200x1-clock-events-idle.txt").read_text()
-    rows = [line.split(", ") for line in capture.splitlines() if not line.startswith(("#", "index"))]
-    masks = parse_smi("\n".join(f"{cells[0]}, {cells[3]}" for cells in rows))
-    assert masks == {0: 1}
-    events = ClockEvents()
-    events.add(masks)
-    assert decode(masks[0]) == ("gpu_idle",)
-    assert events.throttled is None
-    assert events.power_capped is None
-
-
-def test_reasons_are_nvmls_bits() -> None:
-    assert decode(0x0) == ()
-    assert decode(0x4) == ("sw_power_cap",)
-    assert decode(0x1 | 0x8 | 0x40) == ("gpu_idle", "hw_slowdown", "hw_thermal_slowdown")
-    assert parse_smi("0, 0x0000000000000004\n1, 0x0000000000000000\n") == {0: 4, 1: 0}
-    with pytest.raises(ProbeError, match="expected a hex mask"):
-        parse_smi("0, [N/A]")
-
-
-class Replay:
-    """Masks in turn, then the last one again (a reader for the sampler)."""
-
-    def __init__(self, *masks: dict[int, int]) -> None:
-        self.masks = list(masks)
-
-    def read(self) -> dict[int, int]:
-        return self.masks.pop(0) if len(self.masks) > 1 else self.masks[0]
+def masks(*readings: dict[int, int | None]) -> ClockEventRecord:
+    """What the sampler records from these readings in turn (the last one repeats)."""
+    queue = list(readings)
+    sampler = ClockEventSampler(reader=lambda: queue.pop(0) if len(queue) > 1 else queue[0], interval_s=0.01)
+    return sampler.start().stop()
 
 
 def test_a_throttled_level_is_invalid_and_a_power_cap_only_recorded() -> None:
-    events = ClockEventSampler(Replay({0: 0x4}, {0: 0x4 | 0x8}, {0: 0x4}), interval_s=0.01).start().stop()
-    assert events.samples >= 2
-    assert events.throttled is not None
-    assert "HW slowdown on GPU 0 in 1 of" in events.throttled
-    capped = ClockEvents()
-    capped.add({0: 0x4})
-    capped.add({0: 0x4})
-    assert capped.throttled is None
-    assert capped.power_capped == "SW power cap on GPU 0 in 2 of 2 samples"
     samples = {"output_tok_s": BASE}
     stored = store.StoredLevel(key(), samples, "")
-    assert judge_level("l", 8, key(), samples, events, stored).verdict == "invalid"
-    assert judge_level("l", 8, key(), samples, events, stored).reason.startswith("throttled (HW slowdown on GPU 0")
+    throttled = masks({0: 0x4}, {0: 0x4 | 0x8}, {0: 0x4})
+    verdict = judge_level("l", 8, key(), samples, throttled, stored)
+    assert verdict.verdict == "invalid"
+    assert verdict.reason.startswith("throttled (GPU 0: hw_slowdown over ")
+    capped = masks({0: 0x4})  # an H200 at its 700 W cap under load reads 0x...04
     assert judge_level("l", 8, key(), samples, capped, stored).verdict == "ok"
 
 
 def test_the_level_verdicts_in_order() -> None:
     samples = {"output_tok_s": BASE, "ttft_p99": BASE}
     stored = store.StoredLevel(key(), samples, "")
-    unread = ClockEvents(not_sampled="local: clock-event reasons not read: NVML gone")
+    unread = ClockEventRecord(seen={}, samples=0, started_at=0.0, stopped_at=1.0, errors=("NVML gone",))
     assert judge_level("l", 8, key(), samples, unread, stored).verdict == "invalid"
-    assert judge_level("l", 8, key(), samples, ClockEvents(not_sampled="no GPU"), stored, on_gpu=False).verdict == "ok"
-    assert judge_level("l", 8, key(), samples, None, None).verdict == "no baseline"
-    refused = judge_level("l", 8, key(vllm_version="0.26.0"), samples, None, stored)
+    assert "clock-event reasons not read" in judge_level("l", 8, key(), samples, unread, stored).reason
+    assert judge_level("l", 8, key(), samples, unread, stored, on_gpu=False).verdict == "ok"  # a CPU host
+    assert judge_level("l", 8, key(), samples, None, None, on_gpu=False).verdict == "no baseline"
+    refused = judge_level("l", 8, key(vllm_version="0.26.0"), samples, None, stored, on_gpu=False)
     assert refused.line() == "c8: not comparable: vLLM version differs (baseline 0.25.0, now 0.26.0)"
     slower = {"output_tok_s": [v * 0.5 for v in BASE], "ttft_p99": [v * 1.05 for v in BASE]}
-    regressed = judge_level("l", 8, key(), slower, None, stored)
+    regressed = judge_level("l", 8, key(), slower, None, stored, on_gpu=False)
     assert regressed.verdict == "regressed"
     assert regressed.reason.startswith("output tok/s 100 -> 50")
-    assert judge_level("l", 8, key(), slower, None, stored, {"output_tok_s": 1.5}).verdict == "ok"
+    assert judge_level("l", 8, key(), slower, None, stored, {"output_tok_s": 1.5}, on_gpu=False).verdict == "ok"

@@ -73,7 +73,9 @@ def test_a_second_run_of_the_same_server_is_no_regression(
         assert head["baseline_rounds"] == head["rounds"] == 7
         assert 0 <= head["p_value"] <= 1
         assert -1 <= head["effect_size"] <= 1
-        assert level["clock_events"]["not_sampled"] in ("no GPU on this host", None)
+        events = level["clock_events"]  # sampled on a GPU; on a CPU host nvidia-smi's absence is the error
+        assert events["samples"] > 0 or events["errors"]
+        assert events.get("throttled") in ({}, None)
     assert "gpuready: baseline comparison" in run.output
     assert "test_serving_gate" in run.output
     assert "output tok/s" in run.output
