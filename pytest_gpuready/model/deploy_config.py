@@ -292,20 +292,25 @@ class _Ctx:
         return ConfigError(f"{where}key '{key}': expected {expected}, got {excerpt(got)}")
 
     def check_keys(self, section: str, data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+        """Refuse a key not in ``allowed``; vLLM's spelling of a serve argument of this section
+        (``tensor_parallel_size`` for ``tp``) is accepted, and suggested for near misses."""
+        home = SERVE if section.endswith("serve.") else DEPLOYMENT
+        aliases = {arg.vllm_name: name for name, arg in ARGS.items() if arg.section == home and name in allowed}
         for key in data:
-            if key not in allowed:
-                text = str(key) if isinstance(key, str) else excerpt(key)
-                close = difflib.get_close_matches(text, allowed, n=1) if len(text) < 100 else []
-                hint = f" (did you mean '{close[0]}'?)" if close else ""
-                misplaced = field_for_key(text)
-                if misplaced is not None and section in ("", "serve.", "defaults."):
-                    home = "serve." if ARGS[misplaced].section == SERVE else ""
-                    hint = f" (did you mean '{home}{misplaced}'?)"
-                where = f"{self.file}: deployment {excerpt(self.deployment)}: " if self.deployment else f"{self.file}: "
-                shown = text if len(text) <= 80 else text[:60] + "..."
-                shown = shown if shown.isprintable() else ascii(shown)[1:-1]
-                raise ConfigError(f"{where}unknown key '{section}{shown}'{hint}; expected one of: "
-                                  f"{', '.join(allowed)}")
+            if key in allowed or key in aliases:
+                continue
+            text = str(key) if isinstance(key, str) else excerpt(key)
+            close = difflib.get_close_matches(text, (*allowed, *aliases), n=1) if len(text) < 100 else []
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            misplaced = field_for_key(text)
+            if misplaced is not None:
+                where_it_goes = "serve." if ARGS[misplaced].section == SERVE else "the top-level key "
+                hint = f" (did you mean {where_it_goes}'{misplaced}'?)"
+            where = f"{self.file}: deployment {excerpt(self.deployment)}: " if self.deployment else f"{self.file}: "
+            shown = text if len(text) <= 80 else text[:60] + "..."
+            shown = shown if shown.isprintable() else ascii(shown)[1:-1]
+            raise ConfigError(f"{where}unknown key '{section}{shown}'{hint}; expected one of: "
+                              f"{', '.join(allowed)}")
 
     def mapping(self, key: str, value: Any) -> Mapping[str, Any]:
         if value is None:
@@ -344,9 +349,10 @@ class _Ctx:
 
 DEPLOYMENT_KEYS = ("name", "description", "model", "gpus", *serve_args.keys(DEPLOYMENT), "gpu_arch",
                    "vllm_version", "serve", "expect")
-"""A deployment's keys: its own, and the serve arguments the declaration puts at the top level."""
+"""A deployment's keys: its own, and the serve arguments the declaration puts at the top level
+(each also under vLLM's name, e.g. ``tensor_parallel_size``)."""
 SERVE_KEYS = (*serve_args.keys(SERVE), "extra_args", "env")
-"""``serve:`` keys: the declaration's, and the unmodelled ``extra_args`` and ``env``."""
+"""``serve:`` keys: the declaration's (and vLLM's names for them), ``extra_args`` and ``env``."""
 EXPECT_KEYS = ("weights_per_gpu_gib", "throughput")
 THROUGHPUT_KEYS = ("concurrency", "min_output_tok_s", "input_len", "output_len", "num_prompts",
                    "max_p99_ttft_ms", "max_p99_tpot_ms")

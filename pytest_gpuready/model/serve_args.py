@@ -323,9 +323,9 @@ def field_for_key(key: str) -> str | None:
 
 
 def keys(section: str) -> tuple[str, ...]:
-    """The deploy-file keys of ``section`` (:data:`DEPLOYMENT` or :data:`SERVE`), short names first."""
-    names = [name for name, arg in ARGS.items() if arg.section == section]
-    return (*names, *(ARGS[n].vllm_name for n in names if ARGS[n].vllm_name != n))
+    """The deploy-file keys of ``section`` (:data:`DEPLOYMENT` or :data:`SERVE`): the field names;
+    vLLM's names for them (:attr:`Arg.vllm_name`) are accepted too."""
+    return tuple(name for name, arg in ARGS.items() if arg.section == section)
 
 
 # ---------------------------------------------------------------- extra_args

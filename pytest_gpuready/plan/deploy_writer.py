@@ -35,7 +35,7 @@ def deploy_document(model_name: str, model_path: str, rows: Sequence[LayoutRow],
         defaults["vllm_version"] = str(version)
     deployments = []
     for row in rows:
-        keys = row.layout.deploy_entry()
+        keys = row.args.deploy_entry()
         entry: dict[str, Any] = {
             "name": deployment_name(model_name, row),
             "description": f"planned by `gpuready plan`: {row.layout.describe()}, {row.locality}",

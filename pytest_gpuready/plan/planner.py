@@ -66,7 +66,8 @@ def applies(check: str, model: ModelSpec, layout: Layout, capability: tuple[int,
 class LayoutRow:
     """One layout on its GPUs, with every check's verdict."""
 
-    layout: Layout
+    args: ServeArgs
+    """The row's serve arguments: the engine settings planned for, with this row's layout."""
     gpus: tuple[int, ...]
     """In ``CUDA_VISIBLE_DEVICES`` order: DP rank r takes the r-th TP x PP block."""
     rules: DeploymentCheck
@@ -79,6 +80,11 @@ class LayoutRow:
     not_applicable: frozenset[str] = frozenset()
     alike: tuple[Layout, ...] = ()
     """Other layouts whose rows came out identical in every column (folded into this one)."""
+
+    @property
+    def layout(self) -> Layout:
+        """TP, PP, DP, EP and the KV dtype alone (what the row's name shows, and what folds)."""
+        return self.args.layout_only()
 
     @property
     def memory(self) -> Verdict:

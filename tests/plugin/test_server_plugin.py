@@ -15,9 +15,9 @@ PLUGIN = ("-p", "pytest_gpuready.plugin.server_fixtures", "-p", "no:cacheprovide
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 FAILING = """
-from pytest_gpuready import ServeSpec
+from pytest_gpuready import ServeArgs, ServeSpec
 
-SPEC = ServeSpec(model="/models/MiniMax-M2.5", label="MiniMax-M2.5", tensor_parallel_size=1)
+SPEC = ServeSpec(model="/models/MiniMax-M2.5", label="MiniMax-M2.5")
 
 def test_first(vllm_server):
     vllm_server(SPEC)
