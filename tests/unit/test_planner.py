@@ -18,7 +18,8 @@ from pytest_gpuready import Layout
 from pytest_gpuready.host.gpus import parse_query_gpu
 from pytest_gpuready.host.snapshot import GpuLink, HostSnapshot, Topology
 from pytest_gpuready.host.topology import parse_topo_matrix
-from pytest_gpuready.model.serve_args import ServeArgs, load_deploy_config
+from pytest_gpuready.model.deploy_config import load_deploy_config
+from pytest_gpuready.model.serve_args import ServeArgs
 from pytest_gpuready.model.spec import ModelSpec, inspect_model, model_spec_from_config
 from pytest_gpuready.model.vllm_version import parse_vllm_version
 from pytest_gpuready.plan.cli import main
