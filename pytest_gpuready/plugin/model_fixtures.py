@@ -25,9 +25,7 @@ import pytest
 from pytest_gpuready.errors import ConfigError, GpuReadyError
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.model.backends import format_arch, parse_gpu_arch
-from pytest_gpuready.model.checks import (
-    check_memory_fit,
-)
+from pytest_gpuready.model.checks import memory_fit
 from pytest_gpuready.model.deploy_config import DeployConfig, Deployment, load_deploy_config
 from pytest_gpuready.model.rules import (
     DeploymentCheck,
@@ -447,16 +445,17 @@ def memory_fit_verdict(request: pytest.FixtureRequest, model: ModelSpec, *, tp: 
                        pipeline_parallel_size: int = 1, ep: bool = False, dtype: str = "auto",
                        quantization: str | None = None, enforce_eager: bool = False,
                        max_num_batched_tokens: int | None = None) -> Verdict:
-    """The ``memory_fit`` marker on the GPU snapshot (skips when there is no GPU here and none was named)."""
+    """The ``memory_fit`` marker on the GPU snapshot (skips when there is no GPU here and none was
+    named); a bad argument raises ValueError naming it, before the GPUs are asked for."""
     __tracebackhide__ = True
+    args = ServeArgs(tp=tp, pp=pipeline_parallel_size, ep=ep, kv_cache_dtype=kv_cache_dtype, dtype=dtype,
+                     quantization=quantization, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                     max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization,
+                     enforce_eager=enforce_eager)
     snapshot = snapshot_with_gpus(request, "no GPU here: pass --gpu-host HOST to check memory fit")
     version = resolve_vllm_version(request)
-    return checked(lambda: check_memory_fit(
-        model, snapshot, tp, gpus=gpus, gpu_memory_utilization=gpu_memory_utilization,
-        max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype,
-        vllm_version=version, reserve_gib=reserve_gib, pipeline_parallel_size=pipeline_parallel_size,
-        ep=ep, dtype=dtype, quantization=quantization, enforce_eager=enforce_eager,
-        max_num_batched_tokens=max_num_batched_tokens, allow_long_max_model_len=allow_long_max_model_len()))
+    return checked(lambda: memory_fit(model, snapshot, args, gpus=gpus, vllm_version=version, reserve_gib=reserve_gib,
+                                      allow_long_max_model_len=allow_long_max_model_len()))
 
 
 def deployment_memory_verdict(request: pytest.FixtureRequest, model: ModelSpec, deployment: Deployment) -> Verdict:

@@ -15,7 +15,7 @@ PLUGIN = ("-p", "pytest_gpuready.plugin.server_fixtures", "-p", "no:cacheprovide
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 FAILING = """
-from pytest_gpuready import ServeArgs, ServeSpec
+from pytest_gpuready import ServeSpec
 
 SPEC = ServeSpec(model="/models/MiniMax-M2.5", label="MiniMax-M2.5")
 
