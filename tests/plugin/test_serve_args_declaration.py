@@ -114,8 +114,8 @@ def _after_model(words: list[str], model: str) -> list[str]:
     return out
 
 
-@settings(max_examples=6, deadline=None, phases=(Phase.explicit, Phase.generate), suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, phases=(Phase.explicit, Phase.generate),
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(entries=st.integers(1, 3).flatmap(lambda n: st.tuples(*(deployment(i) for i in range(n)))))
 def test_launched_planned_and_reported_argv_are_one(pytester: pytest.Pytester, entries: tuple[dict[str, Any], ...],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:

@@ -103,6 +103,7 @@ def check_memory_fit(
     enforce_eager: bool = False,
     max_num_batched_tokens: int | None = None,
     allow_long_max_model_len: bool = False,
+    speculative: memory.SpeculativeSettings | None = None,
 ) -> Verdict:
     """:func:`memory_fit` with the serve arguments as keywords (the ``memory_fit`` marker's
     signature): they become one :class:`ServeArgs`, which is all the memory model reads."""
@@ -111,12 +112,13 @@ def check_memory_fit(
                      max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization,
                      enforce_eager=enforce_eager)
     return memory_fit(model, snapshot, args, gpus=gpus, vllm_version=vllm_version, reserve_gib=reserve_gib,
-                      allow_long_max_model_len=allow_long_max_model_len)
+                      allow_long_max_model_len=allow_long_max_model_len, speculative=speculative)
 
 
 def memory_fit(model: ModelSpec, snapshot: HostSnapshot, args: ServeArgs, *, gpus: Sequence[int] | None = None,
                vllm_version: VllmVersion | str | None = None, reserve_gib: float | None = None,
-               allow_long_max_model_len: bool = False) -> Verdict:
+               allow_long_max_model_len: bool = False,
+               speculative: memory.SpeculativeSettings | None = None) -> Verdict:
     """Will the weights, vLLM's profile-run reserve and one full-length request's KV cache fit?
 
     The accounting is vLLM's own, per version (:mod:`pytest_gpuready.model.memory`): budget
@@ -128,7 +130,11 @@ def memory_fit(model: ModelSpec, snapshot: HostSnapshot, args: ServeArgs, *, gpu
     at least one request ...``, or a max_model_len above the config's. ``reserve_gib`` replaces the
     model's non-weight terms by one fixed figure (the 0.1 behaviour). Sources: vllm-invariants.md §3.
     ``data_parallel_size`` engines of TP x PP GPUs each take ``gpus`` in order; every GPU is judged
-    (a MoE model's experts are split over TP x DP ranks).
+    (a MoE model's experts are split over TP x DP ranks). What vLLM allocates after the KV cache
+    (the sampler warm-up, CUDA graphs where not counted) must fit outside the budget, else it fails
+    as vLLM does: ``CUDA out of memory occurred when warming up sampler with N dummy requests``. A
+    vLLM version the accounting does not cover is *undecided*, naming the range it covers.
+    ``speculative`` adds a draft's memory (:class:`memory.SpeculativeSettings`).
     """
     version = _version(vllm_version)
     present = snapshot.require_gpus()
@@ -152,6 +158,13 @@ def memory_fit(model: ModelSpec, snapshot: HostSnapshot, args: ServeArgs, *, gpu
     length_verdict = check_max_model_len(model, args.max_model_len, allow_long=allow_long_max_model_len)
     if not length_verdict.ok:
         return length_verdict
+    unmodelled = memory.unmodelled_reason(version)
+    if unmodelled is not None:
+        return Verdict.undecided(
+            f"{model.name} at {layout}: memory fit undecided: {unmodelled}", evidence=evidence,
+            needs=(f"a vLLM version from {memory.MODELLED_SINCE[0]}.{memory.MODELLED_SINCE[1]} to "
+                   f"{memory.NEWEST_READ[0]}.{memory.NEWEST_READ[1]} (--vllm-version), the range the "
+                   "memory accounting models"), rule_set=f"no memory rule set covers vLLM {version}")
     kv = effective_kv_cache_dtype(model, args.kv_cache_dtype, version)
     errors: list[str] = []
     warnings: list[str] = list(length_verdict.warnings)
@@ -180,18 +193,20 @@ def memory_fit(model: ModelSpec, snapshot: HostSnapshot, args: ServeArgs, *, gpu
                               evidence=evidence, rule_set=MEMORY_RULES)
     total_bytes = (smallest.memory_total_mib - (smallest.memory_reserved_mib or 0)) * MIB
     plan = memory_plan(model, total_bytes, args, version=version, gpu_name=smallest.name,
-                       reserve_gib=reserve_gib)
+                       reserve_gib=reserve_gib, speculative=speculative)
     return memory_verdict(model, plan, layout, kv, evidence, warnings)
 
 
 def memory_plan(model: ModelSpec, total_bytes: int, args: ServeArgs, *, version: VllmVersion | None = None,
-                gpu_name: str = "", reserve_gib: float | None = None) -> memory.MemoryPlan:
+                gpu_name: str = "", reserve_gib: float | None = None,
+                speculative: memory.SpeculativeSettings | None = None) -> memory.MemoryPlan:
     """:func:`memory.plan_memory` for ``args`` with the KV dtype resolved as vLLM resolves it;
     ``reserve_gib`` replaces the non-weight terms by one fixed figure."""
     kv = effective_kv_cache_dtype(model, args.kv_cache_dtype, version)
     plan = memory.plan_memory(model, total_bytes, replace(args, kv_cache_dtype=kv.name),
-                              kv_dtype_bytes=kv_dtype_bytes(model, kv.name) if kv.name != "fp8_ds_mla" else 1,
-                              fp8_ds_mla=kv.name == "fp8_ds_mla", version=version, gpu_name=gpu_name)
+                              kv_dtype_bytes=kv_dtype_bytes(model, kv.name, args.dtype) if kv.name != "fp8_ds_mla"
+                              else 1, fp8_ds_mla=kv.name == "fp8_ds_mla", version=version, gpu_name=gpu_name,
+                              speculative=speculative)
     if reserve_gib is None:
         return plan
     weights = plan.terms[0]
@@ -201,6 +216,26 @@ def memory_plan(model: ModelSpec, total_bytes: int, args: ServeArgs, *, version:
     blocks = max(0, kv_bytes) // (plan.kv_bytes_per_token * KV_BLOCK_SIZE)
     return replace(plan, terms=(weights, reserve), kv_cache_bytes=max(0, kv_bytes),
                    kv_tokens=blocks * KV_BLOCK_SIZE, outside_budget=())
+
+
+def _after_kv_failure(plan: memory.MemoryPlan) -> str | None:
+    """vLLM's error when what it allocates after the KV cache (CUDA graphs where not counted, then
+    the sampler warm-up) does not fit outside the budget; None when it fits."""
+    headroom = plan.total_bytes - plan.budget_bytes
+    graphs = sum(t.bytes for t in plan.outside_budget if t.name == "CUDA graphs")
+    after = sum(t.bytes for t in plan.outside_budget)
+    if after <= headroom:
+        return None
+    outside = ", ".join(f"{t.name} {_gib(t.bytes)} GiB" for t in plan.outside_budget)
+    where = (f"after the KV cache vLLM allocates {outside} = {_gib(after)} GiB, more than the "
+             f"{_gib(headroom)} GiB the gpu_memory_utilization budget leaves outside it")
+    if graphs > headroom:
+        return (f"CUDA out of memory while capturing CUDA graphs (gpu_model_runner.py:capture_model): {where}. "
+                "Lower `gpu_memory_utilization` or pass --enforce-eager.")
+    requests = min(plan.max_num_seqs, plan.max_num_batched_tokens)
+    return (f"CUDA out of memory occurred when warming up sampler with {requests} dummy requests. "
+            "Please try lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the "
+            f"engine. ({where})")
 
 
 def memory_verdict(model: ModelSpec, plan: memory.MemoryPlan, layout: str, kv: KvCacheDtype,
@@ -217,11 +252,6 @@ def memory_verdict(model: ModelSpec, plan: memory.MemoryPlan, layout: str, kv: K
                      "terms": {t.name: {"bytes": t.bytes, "how": t.how} for t in plan.terms},
                      "weights_read_from": model.weights.read_from if model.weights else "derived from config.json"})
     details = [*plan.lines(), f"KV-cache dtype: {kv.reason}"]
-    headroom = plan.total_bytes - plan.budget_bytes
-    for term in plan.outside_budget:
-        if term.bytes > headroom:
-            warnings.append(f"{term.name} ({_gib(term.bytes)} GiB) do not fit the {_gib(headroom)} GiB outside "
-                            "the gpu_memory_utilization budget; vLLM allocates them after the KV cache")
     weights = model.weights or derived_weights_for(model)
     if not weights.from_headers:
         warnings.append(f"{model.name}: weights {weights.provenance()}")
@@ -249,10 +279,14 @@ def memory_verdict(model: ModelSpec, plan: memory.MemoryPlan, layout: str, kv: K
             f"maximum model length is {tokens}. Try increasing `gpu_memory_utilization` or "
             "decreasing `max_model_len` when initializing the engine.",
             details=tuple(details), evidence=evidence, warnings=tuple(warnings), rule_set=plan.rule_set)
+    after_kv = _after_kv_failure(plan)
+    if after_kv is not None:
+        evidence["after_kv_cache_bytes"] = sum(t.bytes for t in plan.outside_budget)
+        return Verdict.failed(f"{model.name} at {layout}: {after_kv}", details=tuple(details), evidence=evidence,
+                              warnings=tuple(warnings), rule_set=plan.rule_set)
     if concurrency < 2:
         warnings.append(f"thin headroom: the KV cache holds {concurrency:.2f} requests of {length:,} tokens")
     return Verdict.passed(
         f"{model.name} fits at {layout}: {tokens:,} KV tokens, {concurrency:.2f} requests of "
         f"{length:,} tokens", details=tuple(details), evidence=evidence, warnings=tuple(warnings),
         rule_set=plan.rule_set)
-

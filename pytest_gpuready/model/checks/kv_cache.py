@@ -9,6 +9,7 @@ from pytest_gpuready.model.backends import (
     FP8_KV_DTYPES,
     MIN_FP8_CAPABILITY,
     format_arch,
+    kv_dtype_alias,
     select_mla_backend,
 )
 from pytest_gpuready.model.checks.common import (
@@ -46,6 +47,10 @@ def effective_kv_cache_dtype(model: ModelSpec, kv_cache_dtype: str = "auto",
     version = _version(vllm_version)
     quant = model.quantization
     asked = quant.kv_cache_dtype if quant else None
+    alias = kv_dtype_alias(model.architectures, kv_cache_dtype, version)
+    if alias is not None:
+        return KvCacheDtype(alias, f"--kv-cache-dtype {kv_cache_dtype} is used as {alias} for "
+                                   f"{model.architectures[0]} (models/config.py: verify_and_update_config)")
     if kv_cache_dtype != "auto":
         if (quant is not None and quant.method == "compressed-tensors" and asked
                 and not model.is_mla and version is not None and not version.at_least(0, 33)):
@@ -158,11 +163,13 @@ def _mla_fixes(model: ModelSpec, capability: tuple[int, int], version: VllmVersi
 
 # ---------------------------------------------------------------- KV cache size and memory fit
 
-def kv_dtype_bytes(model: ModelSpec, kv_cache_dtype: str) -> int:
-    """Bytes per KV element for a resolved dtype ("auto" = the model dtype)."""
+def kv_dtype_bytes(model: ModelSpec, kv_cache_dtype: str, dtype: str = "auto") -> int:
+    """Bytes per KV element for a resolved dtype: "auto" is the dtype the model is *served* in
+    (``CacheConfig.cache_dtype == "auto"`` takes ``ModelConfig.dtype``), i.e. ``--dtype`` when
+    given (float32: 4 bytes, vLLM 0.19 on an H100 logs half the bf16 tokens), else the config's."""
     name = kv_cache_dtype
     if name == "auto":
-        name = model.torch_dtype
+        name = model.torch_dtype if dtype == "auto" else dtype
     if name in ("bfloat16", "float16", "half", "bf16", "fp16"):
         return 2
     if name in ("float32", "float"):
@@ -173,13 +180,14 @@ def kv_dtype_bytes(model: ModelSpec, kv_cache_dtype: str) -> int:
                      "expected auto, bfloat16, float16 or an fp8 variant")
 
 
-def kv_cache_bytes_per_token(model: ModelSpec, tp: int, kv_cache_dtype: str = "auto") -> int:
+def kv_cache_bytes_per_token(model: ModelSpec, tp: int, kv_cache_dtype: str = "auto",
+                             dtype: str = "auto") -> int:
     """KV-cache bytes one token takes on one GPU, as vLLM sizes pages (vllm-invariants.md §3.1).
 
     GQA: ``2 x layers x max(1, kv_heads // tp) x head_dim x bytes``. MLA: ``layers x
     (kv_lora_rank + qk_rope_head_dim) x bytes``, not divided by TP (every rank stores the
     latent); ``fp8_ds_mla`` pages are 656 bytes per token per layer. ``auto`` resolves through
-    the checkpoint's KV request first (Kimi-K2.5-NVFP4 -> fp8).
+    the checkpoint's KV request first (Kimi-K2.5-NVFP4 -> fp8), then the served ``dtype``.
     """
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
@@ -188,8 +196,6 @@ def kv_cache_bytes_per_token(model: ModelSpec, tp: int, kv_cache_dtype: str = "a
     if model.is_mla:
         if kv == "fp8_ds_mla":
             return layers * 656
-        return layers * (model.mla_head_size or 0) * kv_dtype_bytes(model, kv)
+        return layers * (model.mla_head_size or 0) * kv_dtype_bytes(model, kv, dtype)
     heads_per_gpu = max(1, model.num_kv_heads // tp)
-    return 2 * layers * heads_per_gpu * model.head_dim * kv_dtype_bytes(model, kv)
-
-
+    return 2 * layers * heads_per_gpu * model.head_dim * kv_dtype_bytes(model, kv, dtype)
