@@ -31,6 +31,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from pytest_gpuready import LocalHost, ServeSpec, VLLMServer  # noqa: E402
+from pytest_gpuready.model.serve_args import ServeArgs  # noqa: E402
 from tests.baseline_runs import GateRun, run_gate  # noqa: E402
 from tests.tiny_model import SERVED_NAME, write_tiny_llama  # noqa: E402
 
@@ -72,7 +73,8 @@ def main() -> int:
     model = args.model or str(write_tiny_llama(work / "tiny-llama"))
     command = " ".join([shlex.quote(sys.executable), "-m", "vllm.entrypoints.openai.api_server",
                         args.vllm_args]).strip()
-    spec = ServeSpec(model=model, served_model_name=SERVED_NAME, max_model_len=args.max_model_len, command=command,
+    spec = ServeSpec(model=model, served_model_name=SERVED_NAME, args=ServeArgs(max_model_len=args.max_model_len),
+                     command=command,
                      env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"})
     levels = [int(x) for x in args.levels.split(",")]
     requests = dict(zip(levels, (int(x) for x in args.requests.split(",")), strict=True))
@@ -124,7 +126,7 @@ def main() -> int:
               f"{[v['reason'] for v in results['other_model']['levels'].values()]}", flush=True)
     finally:
         server.stop()
-    slower = VLLMServer(replace(spec, max_num_seqs=1), LocalHost(), log_dir=work / "logs-slow")
+    slower = VLLMServer(replace(spec, args=replace(spec.args, max_num_seqs=1)), LocalHost(), log_dir=work / "logs-slow")
     slower.start()
     try:
         run = run_gate(work, slower.url, spec, baseline, workload=workload, name="slower")

@@ -26,8 +26,10 @@ import json
 import os
 
 from pytest_gpuready import ServeSpec
+from pytest_gpuready.model.serve_args import ServeArgs
 
-SPEC = ServeSpec(**json.loads(os.environ["GPUREADY_GATE_SPEC"]))
+_SPEC = json.loads(os.environ["GPUREADY_GATE_SPEC"])
+SPEC = ServeSpec(**{**_SPEC, "args": ServeArgs(**_SPEC["args"])})
 WORKLOAD = json.loads(os.environ["GPUREADY_GATE_WORKLOAD"])
 if isinstance(WORKLOAD.get("requests"), dict):  # JSON keys are strings; run_benchmark's are concurrencies
     WORKLOAD["requests"] = {int(k): v for k, v in WORKLOAD["requests"].items()}
@@ -66,7 +68,8 @@ def spec_kwargs(spec: ServeSpec) -> dict[str, Any]:
     """``spec`` as the keyword arguments that rebuild it (JSON data)."""
     data = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
     data["env"] = dict(spec.env)
-    data["extra_args"] = list(spec.extra_args)
+    data["args"] = {f.name: getattr(spec.args, f.name) for f in dataclasses.fields(spec.args)}
+    data["args"]["extra_args"] = list(spec.args.extra_args)
     data["gpus"] = list(spec.gpus) if spec.gpus is not None else None
     return data
 

@@ -22,46 +22,39 @@ from typing import Any
 from pytest_gpuready import files
 from pytest_gpuready.errors import ConfigError, GpuReadyError
 from pytest_gpuready.host.hosts import Host
-from pytest_gpuready.serve.spec import ServeSpec, build_argv, command_words
+from pytest_gpuready.serve.spec import ServeSpec, command_words
 
 FORMAT = "pytest-gpuready-baseline"
 VERSION = 1
 MAX_BASELINE_BYTES = 64 * 1024 * 1024
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
-# Flags whose value changes from run to run without changing what is measured.
-_UNMEASURED_FLAGS = {"--port": 1, "--host": 1, "--served-model-name": 1, "--model": 1}
+def serve_args_record(spec: ServeSpec) -> dict[str, Any]:
+    """The serve arguments a baseline is keyed on, as the deployment declaration records them.
 
-
-def serve_args_record(spec: ServeSpec) -> tuple[str, ...]:
-    """The serve arguments a baseline is keyed on: the launch flags of ``spec`` and its environment.
-
-    The one place that decides it (when the deployment declaration records its arguments, switch
-    to that record here): the argv :func:`build_argv` launches, less the program and the model
-    (named by the key's model fields), the port, bind address and served name (they change nothing
-    measured), plus ``ENV=value`` for the spec's environment, sorted.
+    :meth:`ServeArgs.to_record` (every modelled field by name, vLLM's defaults included, and the
+    flags not judged), plus the flags written into the launch command itself (``--enforce-eager``
+    in ``python -m vllm.entrypoints.openai.api_server --enforce-eager``) and the spec's environment.
+    Not the program, the model (the key's model fields name it), port, bind address or served name:
+    they change nothing measured.
     """
-    argv = build_argv(spec)
-    program = len(command_words(spec))
     words = command_words(spec)
-    # flags written into the launch command itself (--enforce-eager in 'python -m ... --enforce-eager')
-    first_flag = next((i for i, w in enumerate(words) if w.startswith("--")), program)
-    kept: list[str] = []
-    rest = argv[first_flag:]
-    skip = 0
-    for index, word in enumerate(rest):
+    first_flag = next((i for i, w in enumerate(words) if w.startswith("--")), len(words))
+    flags: list[str] = []
+    skip = False
+    for word in words[first_flag:]:
         if skip:
-            skip -= 1
+            skip = False
             continue
-        name = word.split("=", 1)[0]
-        if name in _UNMEASURED_FLAGS:
-            skip = 0 if "=" in word else _UNMEASURED_FLAGS[name]
+        if word == "--model":
+            skip = True
             continue
-        if first_flag + index < program and word == spec.model:
-            continue
-        kept.append(word)
-    env = [f"{k}={v}" for k, v in sorted(spec.env.items()) if k != "CUDA_VISIBLE_DEVICES"]
-    return (*kept, *env)
+        if word != spec.model and not word.startswith("--model="):
+            flags.append(word)
+    record = spec.args.to_record()
+    record["command_flags"] = flags
+    record["env"] = {k: v for k, v in sorted(spec.env.items()) if k != "CUDA_VISIBLE_DEVICES"}
+    return record
 
 
 def model_config_sha256(path: str, host: Host) -> str:
@@ -91,7 +84,8 @@ class ComparabilityKey:
     vllm_version: str | None
     model_name: str
     model_config_sha256: str
-    serve_args: tuple[str, ...]
+    serve_args: Mapping[str, Any]
+    """:func:`serve_args_record`: field name -> value."""
     concurrency: int
     prompt_tokens: int
     output_tokens: int
@@ -99,7 +93,7 @@ class ComparabilityKey:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        data["serve_args"] = list(self.serve_args)
+        data["serve_args"] = json.loads(json.dumps(dict(self.serve_args)))  # plain data: tuples as lists
         return data
 
     @classmethod
@@ -109,7 +103,9 @@ class ComparabilityKey:
         if missing:
             raise ValueError(f"key lacks {', '.join(missing)}")
         values = {name: data[name] for name in names}
-        values["serve_args"] = tuple(str(a) for a in data["serve_args"])
+        if not isinstance(data["serve_args"], Mapping):
+            raise ValueError("key serve_args: expected an object of serve argument -> value")
+        values["serve_args"] = json.loads(json.dumps(dict(data["serve_args"])))
         return cls(**values)
 
 
@@ -121,11 +117,9 @@ _PART_NAMES = {
 }
 
 
-def _shown(name: str, value: object) -> str:
-    if name == "serve_args":
-        return shlex.join(value) if isinstance(value, tuple) and value else "(none)"
-    if name == "model_config_sha256":
-        return str(value)[:12]
+def _shown(value: object) -> str:
+    if isinstance(value, (list, tuple)):
+        return shlex.join(str(v) for v in value) if value else "(none)"
     return "none" if value is None else str(value)
 
 
@@ -133,19 +127,18 @@ def key_difference(baseline: ComparabilityKey, now: ComparabilityKey) -> str | N
     """``vLLM version differs (baseline 0.31.0, now 0.32.0)``: the first part that differs, or None."""
     for item in fields(ComparabilityKey):
         old, new = getattr(baseline, item.name), getattr(now, item.name)
+        if item.name == "serve_args":
+            old, new = json.loads(json.dumps(dict(old))), json.loads(json.dumps(dict(new)))
         if old == new:
             continue
         if item.name == "serve_args":
-            gone = [a for a in old if a not in new]
-            added = [a for a in new if a not in old]
-            if gone or added:
-                detail = (f"baseline has {shlex.join(gone) or 'nothing more'}, "
-                          f"now has {shlex.join(added) or 'nothing more'}")
-            else:  # the same words in another order
-                detail = f"baseline {_shown(item.name, old)}; now {_shown(item.name, new)}"
-            return f"serve arguments differ ({detail})"
-        return (f"{_PART_NAMES[item.name]} differs (baseline {_shown(item.name, old)}, "
-                f"now {_shown(item.name, new)})")
+            for name in [*old, *(n for n in new if n not in old)]:
+                if old.get(name, "(absent)") != new.get(name, "(absent)"):
+                    return (f"serve arguments differ ({name}: baseline {_shown(old.get(name, '(absent)'))}, "
+                            f"now {_shown(new.get(name, '(absent)'))})")
+        if item.name == "model_config_sha256":
+            return f"{_PART_NAMES[item.name]} differs (baseline {str(old)[:12]}, now {str(new)[:12]})"
+        return f"{_PART_NAMES[item.name]} differs (baseline {_shown(old)}, now {_shown(new)})"
     return None
 
 

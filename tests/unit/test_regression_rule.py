@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pytest_gpuready.host.clock_events import ClockEventRecord, ClockEventSampler
+from pytest_gpuready.model.serve_args import ServeArgs
 from pytest_gpuready.serve import baseline as store
 from pytest_gpuready.serve.compare import (
     METRIC_BY_NAME,
@@ -152,9 +153,12 @@ def test_too_few_rounds_to_decide_is_undecided_not_a_pass() -> None:
 # ---------------------------------------------------------------- the key
 
 
+SERVE_ARGS = store.serve_args_record(ServeSpec(model="/models/llama-1b", args=ServeArgs(max_model_len=4096)))
+
+
 def key(**changes: object) -> store.ComparabilityKey:
     base = store.ComparabilityKey("NVIDIA H200", 1, "580.159.04", "0.25.0", "llama-1b", "ab" * 32,
-                                  ("--max-model-len", "4096"), 8, 256, 128, 32)
+                                  SERVE_ARGS, 8, 256, 128, 32)
     return replace(base, **changes)  # type: ignore[arg-type]
 
 
@@ -166,8 +170,9 @@ def key(**changes: object) -> store.ComparabilityKey:
     ({"model_name": "llama-8b"}, "model differs (baseline llama-1b, now llama-8b)"),
     ({"model_config_sha256": "cd" * 32},
      "model config (sha256 of config.json) differs (baseline abababababab, now cdcdcdcdcdcd)"),
-    ({"serve_args": ("--max-model-len", "4096", "--max-num-seqs", "1")},
-     "serve arguments differ (baseline has nothing more, now has --max-num-seqs 1)"),
+    ({"serve_args": {**SERVE_ARGS, "max_num_seqs": 1}}, "serve arguments differ (max_num_seqs: baseline none, now 1)"),
+    ({"serve_args": {**SERVE_ARGS, "not_judged": ["--seed", "7"]}},
+     "serve arguments differ (not_judged: baseline (none), now --seed 7)"),
     ({"concurrency": 16}, "concurrency differs (baseline 8, now 16)"),
     ({"prompt_tokens": 1024}, "prompt tokens differs (baseline 256, now 1024)"),
     ({"output_tokens": 64}, "output tokens differs (baseline 128, now 64)"),
@@ -178,17 +183,22 @@ def test_a_differing_key_names_the_part_in_one_line(change: dict[str, object], l
     assert store.key_difference(key(), key()) is None
 
 
-def test_serve_args_are_the_launch_flags_without_the_program_model_and_port(tmp_path: Path) -> None:
-    spec = ServeSpec(model="/models/llama", served_model_name="llama", max_model_len=4096, port=8123,
+def test_serve_args_are_the_declarations_record_with_the_commands_flags_and_env() -> None:
+    spec = ServeSpec(model="/models/llama", served_model_name="llama", port=8123,
+                     args=ServeArgs(max_model_len=4096, extra_args=("--seed", "7")),
                      command="/venv/bin/python -m vllm.entrypoints.openai.api_server --enforce-eager",
-                     env={"VLLM_CPU_KVCACHE_SPACE": "1"}, extra_args=("--dtype", "bfloat16"))
-    assert store.serve_args_record(spec) == ("--enforce-eager", "--max-model-len", "4096", "--dtype", "bfloat16",
-                                             "VLLM_CPU_KVCACHE_SPACE=1")
-    served = ServeSpec(model="/models/llama", tensor_parallel_size=4, gpus=(0, 1, 2, 3), enable_expert_parallel=True)
-    assert store.serve_args_record(served) == ("--tensor-parallel-size", "4", "--enable-expert-parallel")
-    # another venv, port or bind address is the same deployment
-    assert store.serve_args_record(replace(spec, command=spec.command.replace("/venv", "/other"), port=9000)) == \
-        store.serve_args_record(spec)
+                     env={"VLLM_CPU_KVCACHE_SPACE": "1"})
+    record = store.serve_args_record(spec)
+    assert record == {**spec.args.to_record(), "command_flags": ["--enforce-eager"],
+                      "env": {"VLLM_CPU_KVCACHE_SPACE": "1"}}
+    assert record["max_model_len"] == 4096
+    assert record["not_judged"] == ["--seed", "7"]
+    served = ServeSpec(model="/models/llama", args=ServeArgs(tp=4, ep=True), gpus=(0, 1, 2, 3))
+    assert store.serve_args_record(served)["tp"] == 4
+    assert store.serve_args_record(served)["command_flags"] == []
+    # another venv, port or served name is the same deployment
+    moved = replace(spec, command=spec.command.replace("/venv", "/other"), port=9000, served_model_name="x")
+    assert store.serve_args_record(moved) == record
 
 
 def test_the_config_hash_ignores_formatting(tmp_path: Path) -> None:

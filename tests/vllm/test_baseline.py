@@ -63,7 +63,7 @@ def test_a_second_run_of_the_same_server_is_no_regression(
     key = next(iter(stored["levels"].values()))["key"]
     assert key["vllm_version"] == installed_vllm_version()
     assert key["model_name"] == Path(tiny_spec.model).name
-    assert "--max-model-len" in key["serve_args"]
+    assert key["serve_args"]["max_model_len"] == tiny_spec.args.max_model_len
     github = tmp_path / "github"
     run = run_gate(tmp_path, server.url, tiny_spec, saved, *TOLERANCE, f"--gpuready-github-benchmark={github}")
     assert run.returncode == 0, run.output
@@ -91,7 +91,8 @@ def test_a_second_run_of_the_same_server_is_no_regression(
 
 def test_a_slower_server_is_caught_at_the_level_where_it_is_slower(
         server: VLLMServer, tiny_spec: ServeSpec, saved: Path, tmp_path: Path) -> None:
-    one_at_a_time = VLLMServer(replace(tiny_spec, max_num_seqs=1), LocalHost(), log_dir=tmp_path / "log")
+    one_at_a_time = VLLMServer(replace(tiny_spec, args=replace(tiny_spec.args, max_num_seqs=1)), LocalHost(),
+                               log_dir=tmp_path / "log")
     one_at_a_time.start()
     try:
         run = run_gate(tmp_path, one_at_a_time.url, tiny_spec, saved, *TOLERANCE)
