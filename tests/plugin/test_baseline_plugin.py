@@ -113,3 +113,65 @@ def test_the_plot_draws_the_baseline_band(tmp_path: Path) -> None:
     assert low <= middle <= high
     [path] = save_plots(document, tmp_path)
     assert path.name == "throughput.png"
+
+
+GATE = """
+import json
+import pathlib
+
+from pytest_gpuready.plugin import baseline_fixtures as b
+from pytest_gpuready.serve.baseline import ComparabilityKey
+
+REPORT = json.loads(pathlib.Path({report!r}).read_text())
+
+
+def comparison(config):
+    bench = REPORT["benchmarks"][0]
+    levels = [b.MeasuredLevel(level["level"], level["concurrency"], level["samples"],
+                              ComparabilityKey.from_dict(level["key"]), None, None)
+              for level in bench["comparison"]["levels"]]
+    made = b.BenchComparison(config, bench["server"], levels, False, None)
+    b.start_comparison(config, made)
+    return made
+
+
+def test_unasserted(pytestconfig):
+    comparison(pytestconfig)  # asserted at the end of the call
+
+
+def test_per_test_tolerance(pytestconfig):
+    comparison(pytestconfig).expect(b.tolerances_of("500%", {{}}))
+"""
+
+
+def baseline_from(report: dict[str, object], path: Path) -> None:
+    """The baseline the report's run was compared with: its key and the baseline's rounds per level."""
+    from pytest_gpuready.serve import baseline as store
+
+    levels = {}
+    for bench in report["benchmarks"]:  # type: ignore[attr-defined]
+        for level in bench["comparison"]["levels"]:
+            levels[level["level"]] = store.StoredLevel(store.ComparabilityKey.from_dict(level["key"]),
+                                                       level["baseline_samples"], "2026-12-01")
+    store.save(path, levels)
+
+
+def test_a_regression_fails_the_test_unless_its_own_tolerance_allows_it(pytester: pytest.Pytester) -> None:
+    report = slower_report()
+    baseline_from(report, pytester.path / "baseline.json")
+    pytester.makepyfile(test_gate=GATE.format(report=str(REPORTS / "vllm-cpu-baseline-slower.json")))
+    junit = pytester.path / "junit.xml"
+    result = pytester.runpytest(*PLUGIN, "--gpuready-baseline", "baseline.json", f"--junitxml={junit}")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*test_unasserted*",
+        "*baseline comparison (*baseline.json): 1 of 2 levels regressed (tiny-llama, TP=1)*",
+        "*c8: regressed: output tok/s 1348 -> 398.3 tok/s (-70.5%, factor 3.39 > 1.10, p=0.00058, r=-1.00, 7+7 rounds)*",
+    ])
+    assert "Traceback" not in result.stdout.str()
+    import xml.etree.ElementTree as ET
+
+    properties = [(p.get("name"), p.get("value")) for p in ET.parse(junit).iter("property")]
+    assert ("gpuready.baseline.c8.verdict", "regressed") in properties
+    assert ("gpuready.baseline.c8.verdict", "ok") in properties  # the 500% test
+    assert ("gpuready.baseline.c8.output_tok_s.p_value", "0.0005827505827505828") in properties
