@@ -65,6 +65,19 @@ def test_expect_no_regression_without_a_baseline_skips_saying_what_to_pass(pytes
     result.stdout.fnmatch_lines(["*no baseline to compare with: pass --gpuready-baseline PATH*"])
 
 
+def test_a_bad_per_test_tolerance_fails_in_one_line(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("""
+        from pytest_gpuready.plugin.server_fixtures import ServingBenchmark
+
+        def test_gate():
+            ServingBenchmark.expect_no_regression(type("B", (), {"comparison": None})(), ttft_p99="20")
+    """)
+    result = pytester.runpytest(*PLUGIN)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*expect_no_regression: ttft_p99: expected a percentage like 5%, got '20'*"])
+    assert "Traceback" not in result.stdout.str()
+
+
 def test_help_lists_the_baseline_options(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest(*PLUGIN, "--help")
     result.stdout.fnmatch_lines(["*--gpuready-baseline=PATH*", "*--gpuready-baseline-save*",
