@@ -67,7 +67,8 @@ def test_hung_query_gpu_is_named_killed_and_the_rest_kept(pytester: pytest.Pytes
     standin("hang-query-gpu")
     started = time.monotonic()
     result = pytester.runpytest_subprocess("--pyargs", "pytest_gpuready.preflight.test_host", "-k", "not shm",
-                                           "-p", "no:cacheprovider", "--gpu-probe-timeout", str(HUNG_S), timeout=DEADLINE_S)
+                                           "-p", "no:cacheprovider", "--gpu-probe-timeout", str(HUNG_S),
+                                           timeout=DEADLINE_S)
     assert time.monotonic() - started < DEADLINE_S
     result.assert_outcomes(failed=2)  # the preflight reports "could not measure" in the test body
     result.stdout.fnmatch_lines([
