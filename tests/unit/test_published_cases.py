@@ -16,7 +16,8 @@ import pytest
 from pytest_gpuready.errors import ConfigError
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.model.checks import check_memory_fit, kv_cache_bytes_per_token, memory_plan
-from pytest_gpuready.model.memory import GIB, MIB, ServeSettings, SpeculativeSettings
+from pytest_gpuready.model.memory import GIB, MIB, SpeculativeSettings
+from pytest_gpuready.model.serve_args import ServeArgs
 from pytest_gpuready.model.spec import ModelSpec, derived_weights_for, model_spec_from_config
 from pytest_gpuready.model.vllm_version import parse_vllm_version
 from pytest_gpuready.plan.presets import PRESETS, closest_preset, parse_gpus, preset_snapshot
@@ -96,8 +97,8 @@ def test_float32_doubles_the_kv_bytes_llama_8b_h100() -> None:
     model = config("meta-llama__Llama-3.1-8B")
     assert kv_cache_bytes_per_token(model, 1, "auto", dtype="float32") == 262_144
     assert kv_cache_bytes_per_token(model, 1, "auto") == 131_072
-    plan = memory_plan(model, cuda_total("H100-80GB"), 1, version=V019, gpu_name="NVIDIA H100 80GB HBM3",
-                       settings=ServeSettings(gpu_memory_utilization=0.95, dtype="float32"))
+    plan = memory_plan(model, cuda_total("H100-80GB"), ServeArgs(gpu_memory_utilization=0.95, dtype="float32"),
+                       version=V019, gpu_name="NVIDIA H100 80GB HBM3")
     assert plan.kv_bytes_per_token == 262_144
     assert abs(plan.kv_tokens - 175_296) / 175_296 < 0.01, plan.kv_tokens
 
@@ -145,9 +146,9 @@ def test_speculative_decoding_adds_its_memory() -> None:
     """An EAGLE head: its weights, one more layer of KV pages, and the rejection sampler's target
     logits in the warm-up (``_dummy_sampler_run`` with a speculative config)."""
     model = config("meta-llama__Llama-3.1-8B")
-    plain = memory_plan(model, cuda_total("H100-80GB"), 1, version=V019, settings=ServeSettings())
+    plain = memory_plan(model, cuda_total("H100-80GB"), ServeArgs(), version=V019)
     spec = SpeculativeSettings(num_speculative_tokens=3, draft_layers=1, draft_weight_bytes=int(0.5 * GIB))
-    drafted = memory_plan(model, cuda_total("H100-80GB"), 1, version=V019, settings=ServeSettings(speculative=spec))
+    drafted = memory_plan(model, cuda_total("H100-80GB"), ServeArgs(), version=V019, speculative=spec)
     assert drafted.terms[0].bytes == plain.terms[0].bytes + int(0.5 * GIB)
     assert drafted.kv_bytes_per_token == plain.kv_bytes_per_token * 33 // 32
     assert drafted.term("sampler warm-up").bytes == plain.term("sampler warm-up").bytes + 1024 * 128_256 * 2
@@ -256,7 +257,8 @@ def test_nemotron_nano_nvfp4_on_rtx_5090_has_no_moe_backend_on_015() -> None:
     model = nvfp4_spec(NEMOTRON, NEMOTRON_NVFP4_QUANT)
     check = check_deployment(model, Layout(tp=1), "sm120", "0.15.1")
     assert check.word == "fails"
-    assert check.first_failure is not None and check.first_failure[0] == "nvfp4_moe_backend"
+    assert check.first_failure is not None
+    assert check.first_failure[0] == "nvfp4_moe_backend"
     assert check.reason.endswith(NO_BACKEND)
     verdict = check.first_failure[1]
     assert verdict.evidence["reasons"] == {
@@ -269,7 +271,8 @@ def test_nemotron_nano_nvfp4_on_rtx_5090_has_no_moe_backend_on_015() -> None:
             "support no act_and_mul MLP layer.") in verdict.details
     for version, chosen in (("0.16.0", "FLASHINFER_CUTLASS"), ("0.27.0", "FLASHINFER_CUTLASS")):
         later = check_deployment(model, Layout(tp=1), "sm120", version).verdicts["nvfp4_moe_backend"]
-        assert later.ok and later.evidence["chosen"] == chosen, (version, later.summary)
+        assert later.ok, (version, later.summary)
+        assert later.evidence["chosen"] == chosen, version
     # On a B200 (SM100) the same 0.15 finds FlashInfer CUTLASS, which takes non-gated experts.
     assert check_deployment(model, Layout(tp=1), "sm100", "0.15.0").verdicts["nvfp4_moe_backend"].ok
 
@@ -305,6 +308,7 @@ def test_nvfp4_moe_rule_is_undecided_where_it_cannot_see() -> None:
 
     model = nvfp4_spec(NEMOTRON, NEMOTRON_NVFP4_QUANT)
     old = check_nvfp4_moe_backend(model, Layout(tp=1), "sm120", "0.14.1")
-    assert old.needs is not None and "0.15 to 0.33" in old.needs
+    assert old.needs is not None
+    assert "0.15 to 0.33" in old.needs
     assert check_nvfp4_moe_backend(model, Layout(tp=1), None, "0.15.0").needs is not None
     assert check_nvfp4_moe_backend(config("openai__gpt-oss-20b"), Layout(tp=1), "sm120", "0.15.0").ok

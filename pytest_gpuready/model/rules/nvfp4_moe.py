@@ -27,7 +27,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_gpuready.model.layout import Layout
 from pytest_gpuready.model.moe_backends import (
     FINAL_ERROR,
     NEWEST_READ,
@@ -46,6 +45,7 @@ from pytest_gpuready.model.rules.common import (
     staged,
     version_of,
 )
+from pytest_gpuready.model.serve_args import Layout
 from pytest_gpuready.model.spec import ModelSpec
 from pytest_gpuready.model.vllm_version import VllmVersion
 from pytest_gpuready.verdict import Verdict
