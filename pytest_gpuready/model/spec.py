@@ -57,6 +57,9 @@ class Quantization:
     kv_cache_dtype: str | None = None
     """The KV-cache dtype this checkpoint makes ``--kv-cache-dtype auto`` resolve to (vLLM's name)."""
     kv_cache_source: str | None = None
+    layer_algos: tuple[str, ...] = ()
+    """ModelOpt ``MIXED_PRECISION``: the ``quant_algo`` of each entry of ``quantized_layers``
+    (DeepSeek-V4-Flash-NVFP4 keeps NVFP4 experts beside 16-bit attention), distinct, in order."""
 
     @property
     def is_fp8_block(self) -> bool:
@@ -469,6 +472,7 @@ def parse_quantization(
                     + _string_list(qc.get("exclude_modules"), source, f"{key_prefix}.exclude_modules"))
         return Quantization(
             method=method, source=where, algo=algo if isinstance(algo, str) else None,
+            layer_algos=_layer_algos(qc.get("quantized_layers") or inner.get("quantized_layers")),
             excluded_modules=excluded, kv_cache_dtype=kv_dtype,
             kv_cache_source=f"{where}.{kv_key} (ModelOpt)" if kv_dtype else None,
         )
@@ -505,6 +509,14 @@ def _parse_compressed_tensors(qc: Mapping[str, Any], source: str, key_prefix: st
     )
 
 
+def _layer_algos(layers: Any) -> tuple[str, ...]:
+    """The distinct ``quant_algo`` values of a ModelOpt ``quantized_layers`` map (else none)."""
+    if not isinstance(layers, Mapping):
+        return ()
+    found = [entry.get("quant_algo") for entry in layers.values() if isinstance(entry, Mapping)]
+    return tuple(dict.fromkeys(a for a in found if isinstance(a, str)))
+
+
 def _parse_legacy_modelopt(hf_quant: Mapping[str, Any]) -> Quantization:
     file = "hf_quant_config.json"
     inner = hf_quant.get("quantization")
@@ -520,7 +532,7 @@ def _parse_legacy_modelopt(hf_quant: Mapping[str, Any]) -> Quantization:
     kv_dtype = kv_dtype_from_modelopt(inner.get("kv_cache_quant_algo"))
     method = "modelopt_fp4" if algo.upper() == "NVFP4" else "modelopt"
     return Quantization(
-        method=method, source=file, algo=algo,
+        method=method, source=file, algo=algo, layer_algos=_layer_algos(inner.get("quantized_layers")),
         excluded_modules=_string_list(inner.get("exclude_modules"), file, "quantization.exclude_modules"),
         kv_cache_dtype=kv_dtype,
         kv_cache_source=f"{file} quantization.kv_cache_quant_algo (ModelOpt, legacy)" if kv_dtype else None,

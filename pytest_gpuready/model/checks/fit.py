@@ -257,9 +257,10 @@ def memory_verdict(model: ModelSpec, plan: memory.MemoryPlan, layout: str, kv: K
         warnings.append(f"{model.name}: weights {weights.provenance()}")
     if available <= 0:
         return Verdict.failed(
-            f"{model.name} at {layout}: No available memory for the cache blocks: "
-            f"{_gib(plan.non_kv_bytes)} GiB of weights and profile-run memory per GPU exceed the "
-            f"{_gib(plan.budget_bytes)} GiB budget. Try increasing `gpu_memory_utilization`, or use more GPUs.",
+            f"{model.name} at {layout}: No available memory for the cache blocks. Try increasing "
+            "`gpu_memory_utilization` when initializing the engine "
+            f"({_gib(plan.non_kv_bytes)} GiB of weights and profile-run memory per GPU exceed the "
+            f"{_gib(plan.budget_bytes)} GiB budget; or use more GPUs).",
             details=tuple(details), evidence=evidence, warnings=tuple(warnings), rule_set=plan.rule_set)
     if length is None:
         return Verdict.failed(
