@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from pytest_gpuready.errors import ConfigError
 from pytest_gpuready.host.snapshot import GpuInfo, HostSnapshot
 from pytest_gpuready.model import memory
 from pytest_gpuready.model.backends import (
@@ -798,6 +799,12 @@ def check_memory_fit(
         raise ValueError(f"pipeline_parallel_size must be >= 1, got {pipeline_parallel_size}")
     if data_parallel_size < 1:
         raise ValueError(f"data_parallel_size must be >= 1, got {data_parallel_size}")
+    weights = model.weights
+    if weights is not None and not weights.sized:
+        # The readable shards alone would understate the weights: a fit on them is no answer.
+        raise ConfigError(f"{model.name}: cannot size the weights, {weights.unreadable_shards} of "
+                          f"{weights.shard_count} shard(s) unreadable"
+                          + (f" ({weights.problems[0]})" if weights.problems else ""))
     version = _version(vllm_version)
     present = snapshot.require_gpus()
     host = snapshot.host

@@ -20,6 +20,7 @@ import pytest
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_fixtures import GPU_MAX_USED_MIB
 from pytest_gpuready.plugin.host_session import HOST_REGISTRY_KEY
+from pytest_gpuready.plugin.outcomes import counts_as_error
 from pytest_gpuready.plugin.recording import PAYLOAD_ATTRIBUTE, host_state
 from pytest_gpuready.plugin.report_document import ReportData, host_entry
 from pytest_gpuready.plugin.summary import MAX_WIDTH, failure_lines, host_tables
@@ -111,7 +112,9 @@ class ReportCollector:
             message = (str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3
                        else report.longreprtext)
         payload = getattr(report, PAYLOAD_ATTRIBUTE, None)
-        self.data.add(report.nodeid, report.when or "call", report.outcome, float(report.duration or 0.0),
+        # a could-not-measure in the test's body is an error, as in the terminal (plugin.outcomes)
+        when = "setup" if counts_as_error(report) else report.when or "call"
+        self.data.add(report.nodeid, when, report.outcome, float(report.duration or 0.0),
                       message, hasattr(report, "wasxfail"), payload if isinstance(payload, dict) else None)
 
     @pytest.hookimpl(trylast=True)
