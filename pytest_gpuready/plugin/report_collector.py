@@ -135,11 +135,14 @@ class ReportCollector:
             self.written.append(f"gpuready: report written to {path}")
         plot_dir = GPUREADY_PLOT.get(config)
         if plot_dir is not None:
-            from pytest_gpuready.plugin.plots import save_plots
+            from pytest_gpuready.plugin.plots import NOTHING_TO_PLOT, save_plots
 
             target = Path(config.invocation_params.dir, os.path.expanduser(plot_dir))
-            for saved in save_plots(document, target):
+            saved_plots = save_plots(document, target)
+            for saved in saved_plots:
                 self.written.append(f"gpuready: plot {saved}")
+            if not saved_plots:
+                self.written.append(f"gpuready: no plot written to {target}: {NOTHING_TO_PLOT}")
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         config = self.config
