@@ -38,7 +38,6 @@ UNMEASURED_ATTRIBUTE = "gpuready_unmeasured"
 a plain attribute, so xdist carries it to the controller with the report."""
 
 _PACKAGE_DIR = str(Path(__file__).resolve().parent.parent)
-_HELD_KEY = pytest.StashKey[BaseException]()
 
 
 class MeasuredViolation(pytest.fail.Exception):  # type: ignore[misc,name-defined]
@@ -47,6 +46,9 @@ class MeasuredViolation(pytest.fail.Exception):  # type: ignore[misc,name-define
 
 class CouldNotMeasure(pytest.fail.Exception):  # type: ignore[misc,name-defined]
     """A check could not measure (host unreachable, driver not answering): the test errors."""
+
+
+_HELD_KEY = pytest.StashKey[MeasuredViolation]()
 
 
 def expect(verdict: Verdict, node: pytest.Item | None = None, name: str | None = None) -> Verdict:

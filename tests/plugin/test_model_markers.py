@@ -60,7 +60,8 @@ def test_markers_are_listed_with_signatures(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines([
         "@pytest.mark.model(path): the model directory model_spec reads*",
         "@pytest.mark.deployment(name): the deploy-file deployment this test uses*",
-        "@pytest.mark.fp8_block_alignment(tp, ep=False, vllm_version=None, gpu_arch=None): fail before the test runs unless*",
+        "@pytest.mark.fp8_block_alignment(tp, ep=False, vllm_version=None, gpu_arch=None): fail before the test "
+        "runs unless*",
         "@pytest.mark.mla_kv_backend_supported(kv_cache_dtype='auto', gpu_arch=None, vllm_version=None): *",
         "@pytest.mark.memory_fit(tp, gpus=None, gpu_memory_utilization=0.9, max_model_len=None, max_num_seqs=None,"
         " kv_cache_dtype='auto', reserve_gib=None, *",

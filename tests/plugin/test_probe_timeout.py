@@ -201,7 +201,7 @@ def test_the_watchdog_never_acts_outside_a_session_of_its_own(standin: Standin, 
     private.mkdir()
     proc = subprocess.Popen(["sh", "-c", build_probe_script(timeout_s=1)], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "TMPDIR": str(private)},
-                            preexec_fn=os.setpgrp)  # noqa: PLW1509 (a plain setpgrp, no lock taken)
+                            preexec_fn=os.setpgrp)  # a group of its own, never its session's
 
     def watchdog_done() -> bool:
         hung = [int(p.name) for p in piddir.iterdir()]
