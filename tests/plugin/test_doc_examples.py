@@ -20,7 +20,7 @@ CONFIGS = ROOT / "tests" / "data" / "configs"
 def python_block_defining(page: Path, name: str) -> str:
     """The fenced ``python`` block of ``page`` that defines ``def NAME(``."""
     blocks = re.findall(r"```python\n(.*?)```", page.read_text(), re.DOTALL)
-    return next(block for block in blocks if f"def {name}(" in block)
+    return str(next(block for block in blocks if f"def {name}(" in block))
 
 
 @pytest.fixture(autouse=True)
