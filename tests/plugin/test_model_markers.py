@@ -672,8 +672,9 @@ def test_an_unreachable_host_errors_every_test_that_needs_it(pytester: pytest.Py
     checks, which need no host, still fail on what they measured."""
     result = pytester.runpytest("-p", "no:cacheprovider", "--pyargs", "pytest_gpuready.preflight",
                                 "--gpuready-config", str(EXAMPLE), "--gpu-host", "ssh://root@127.0.0.1:1", "-rfE")
-    result.assert_outcomes(passed=17, failed=4, skipped=9, errors=8)
+    result.assert_outcomes(passed=22, failed=4, skipped=9, errors=34)
     text = result.stdout.str()
+    assert len(re.findall(r"^FAILED ", text, re.MULTILINE)) == 4  # the static checks' measured violations
     assert len(re.findall(r"^ERROR \S*test_deployments.py::test_memory_fit\[", text, re.MULTILINE)) == 5
     assert len(re.findall(r"^ERROR \S*test_host.py::", text, re.MULTILINE)) == 3
     assert not re.search(r"^FAILED .*test_memory_fit", text, re.MULTILINE)
