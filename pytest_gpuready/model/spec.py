@@ -99,10 +99,18 @@ class Weights:
     (split derived from the config), or the config alone (``derived_weights``)."""
     bytes_per_weight: str | None = None
     """For derived sizes: how the quantized weights were sized."""
+    unreadable_shards: int = 0
+    """Shards whose headers could not be read: their sizes are missing from the totals."""
 
     @property
     def complete(self) -> bool:
-        return not self.problems
+        """Every shard read and sound. Never for derived sizes: an estimate is not a checkpoint."""
+        return self.from_headers and not self.problems
+
+    @property
+    def sized(self) -> bool:
+        """The totals cover the whole checkpoint (read or derived), not only its readable shards."""
+        return self.unreadable_shards == 0
 
     @property
     def from_headers(self) -> bool:
@@ -567,7 +575,7 @@ def weights_from_files(files: ModelFiles, num_layers: int) -> Weights | None:
     down-projections as replicated on every TP rank. One pass over ~100k names with C-level
     string tests; the regex only sees the few thousand names that are not routed experts.
     """
-    if not files.has_weights:
+    if not files.has_weights and not files.weights_present:
         return None
     unused_prefixes = _unused_prefixes(num_layers)
     replicated = unused = 0
@@ -586,6 +594,7 @@ def weights_from_files(files: ModelFiles, num_layers: int) -> Weights | None:
         replicated_bytes=replicated,
         unused_bytes=unused,
         index_name=files.index_name,
+        unreadable_shards=files.unreadable_shards,
     )
 
 
@@ -624,10 +633,12 @@ def spec_from_files(files: ModelFiles, where: str) -> ModelSpec:
     name = os.path.basename(where.rstrip("/")) or where
     spec = model_spec_from_config(config, name=name, source=f"{where}/config.json",
                                   hf_quant_config=hf_quant)
-    if files.shards:
+    if files.shards or files.weights_present:
+        # A weights file that is there but cannot be read is a problem of the checkpoint (named
+        # in weights.problems), never a config-only directory.
         return replace(spec, weights=weights_from_files(files, spec.num_layers))
-    # No safetensors headers here (a config-only directory, perhaps with the index): plan from
-    # the index's total_size or the architecture.
+    # No weights file here (a config-only directory, perhaps with the index): plan from the
+    # index's total_size or the architecture; such weights are an estimate, never complete.
     return replace(spec, weights=derived_weights_for(spec, files.index_total_size, files.index_name))
 
 

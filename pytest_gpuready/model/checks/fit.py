@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from pytest_gpuready.errors import ConfigError
 from pytest_gpuready.host.snapshot import GpuInfo, HostSnapshot
 from pytest_gpuready.model import memory
 from pytest_gpuready.model.checks.common import (
@@ -136,6 +137,12 @@ def memory_fit(model: ModelSpec, snapshot: HostSnapshot, args: ServeArgs, *, gpu
     vLLM version the accounting does not cover is *undecided*, naming the range it covers.
     ``speculative`` adds a draft's memory (:class:`memory.SpeculativeSettings`).
     """
+    weights = model.weights
+    if weights is not None and not weights.sized:
+        # The readable shards alone would understate the weights: a fit on them is no answer.
+        raise ConfigError(f"{model.name}: cannot size the weights, {weights.unreadable_shards} of "
+                          f"{weights.shard_count} shard(s) unreadable"
+                          + (f" ({weights.problems[0]})" if weights.problems else ""))
     version = _version(vllm_version)
     present = snapshot.require_gpus()
     host = snapshot.host
