@@ -1,4 +1,4 @@
-"""``gpuready report merge FILE... -o OUT``: many runs' JSON reports into one (:mod:`pytest_gpuready.plugin.report_merge`).
+"""``gpuready report merge FILE... -o OUT``: many JSON reports into one (:mod:`pytest_gpuready.plugin.report_merge`).
 
 Prints the per-host table (GPUs, driver, outcomes, the first failure of each host), each host's
 GPU table and the failed invariants, as the terminal summary of one run shows them; writes the
