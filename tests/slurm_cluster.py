@@ -7,6 +7,10 @@ hostname at 127.0.0.1; nothing outside the directory is read or written, and cli
 cluster only through ``SLURM_CONF`` (:meth:`SlurmCluster.env`). The daemons run in the foreground
 as children of the test session and are stopped by pid at the end.
 
+/dev/shm is this machine's, shared with the other tiers: the checks count only files named for
+this cluster as leftovers (:func:`shm_pattern`, ``--shm-leak-pattern``), so another run's files
+never drain the test node, and a test's own leftover does.
+
 The health check and the epilog are wrapper scripts in the directory, as a site writes them
 (Slurm passes a ``HealthCheckProgram`` no arguments and no environment): each runs
 ``python -m pytest_gpuready slurm-health`` with the labelled stand-in ``nvidia-smi``
@@ -100,6 +104,10 @@ class SlurmCluster:
         return self.root / "slurm.conf"
 
     @property
+    def shm_pattern(self) -> str:
+        return shm_pattern(self.root)
+
+    @property
     def reports(self) -> Path:
         return self.root / "reports"
 
@@ -167,6 +175,12 @@ class SlurmCluster:
         wait_for(f"{self.node} idle", lambda: self.state()[0] == "idle", READY_TIMEOUT_S)
 
 
+def shm_pattern(root: Path) -> str:
+    """What counts as a /dev/shm leftover for this cluster's checks: its own names only. /dev/shm is
+    this machine's, shared with the other tiers (and other runs), whose files are not this test's."""
+    return f"{root.name}-*"
+
+
 def _wrapper(root: Path, name: str, args: str) -> Path:
     """A wrapper script as a site writes it for Slurm (see the module docstring); a test adds
     options for one run of it in ``NAME.args``."""
@@ -178,7 +192,8 @@ start=$(date +%s.%N)
 echo $$ > {root}/running/{name}.$$
 out=$(PATH={STANDIN_BIN}:/usr/sbin:/usr/bin:/sbin:/bin GPUREADY_STANDIN_SCENARIO_FILE={root}/scenario \\
       {sys.executable} -m pytest_gpuready slurm-health {args} $(cat {root}/{name}.args 2>/dev/null) \\
-      --slurm-conf {root}/slurm.conf --report {root}/reports/{{node}}-{{mode}}.json 2>&1)
+      --slurm-conf {root}/slurm.conf --report {root}/reports/{{node}}-{{mode}}.json \\
+      -- --shm-leak-pattern '{shm_pattern(root)}' 2>&1)
 rc=$?
 printf '%s %s %s %s\\n' "$start" "$(date +%s.%N)" "$rc" "$(echo "$out" | tr '\\n' ' ')" >> {root}/{name}.log
 rm -f {root}/running/{name}.$$

@@ -89,13 +89,26 @@ class PreflightRun:
     failure: str | None
     output_tail: str = ""
     timings: dict[str, float] = field(default_factory=dict)
+    actions: tuple[str, ...] = ()
+    """What the run did to the node (engines stopped, /dev/shm files removed), as the plugin said it."""
+
+
+ACTION_LINES = ("gpuready: stopped ", "gpuready: not stopped ", "gpuready: still running ", "gpuready: removed ")
+"""The plugin's lines for what it did to the host (``--gpu-reap-orphans``, ``--shm-remove-leftovers``):
+said again in the command's one line, since Slurm keeps nothing of the preflight's output."""
+
+
+def _actions(stdout: bytes) -> tuple[str, ...]:
+    lines = (line.strip() for line in stdout.decode(errors="replace").splitlines())
+    return tuple(line.removeprefix("gpuready: ") for line in lines if line.startswith(ACTION_LINES))
 
 
 def preflight_argv(request: HealthRequest, probe_timeout_s: float) -> list[str]:
     """The pytest command line of the preflight: the package's own suite against this machine,
-    with no ini file, conftest or cache of whatever directory it runs in."""
+    with no ini file, conftest or cache of whatever directory it runs in; ``-s``, since what the
+    plugin says it did (an engine stopped) is written during a test's setup and capture would keep it."""
     argv = [sys.executable, "-m", "pytest", "-c", os.devnull, "--rootdir", _PACKAGE_ROOT, "--noconftest",
-            "-p", "no:cacheprovider", "-q", "-rfE", "--pyargs", HOST_SUITE]
+            "-p", "no:cacheprovider", "-q", "-s", "-rfE", "--pyargs", HOST_SUITE]
     if request.deploy_file:
         argv += [DEPLOY_SUITE, GPUREADY_CONFIG.flag, request.deploy_file]
     argv += [GPU_HOST.flag, "local", GPUREADY_REPORT.flag, str(request.report),
@@ -135,7 +148,7 @@ def run_preflight(request: HealthRequest) -> PreflightRun:
                             document.get("verdicts") or [])
     if failure is None and done.returncode != 0:
         failure = f"the preflight exited {done.returncode} ({tail or 'no output'})"
-    return PreflightRun(done.returncode, document, failure, tail, timings)
+    return PreflightRun(done.returncode, document, failure, tail, timings, _actions(done.stdout))
 
 
 @contextlib.contextmanager
@@ -191,14 +204,16 @@ def _check_locked(request: HealthRequest, scontrol: Scontrol, started: float) ->
     remaining = request.timeout_s - (time.monotonic() - started)
     run = run_preflight(replace(request, timeout_s=max(1.0, remaining - 5.0)))  # 5 s left for scontrol
     now = scontrol.show(node)  # again, right before acting on it
+    done = "".join(f"; {action}" for action in run.actions)
     if run.failure is None:
         if now.drained_by_gpuready:
             scontrol.resume(node)
             return Result(EXIT_HEALTHY, "resumed", f"node {node}: healthy; resumed (gpuready had drained it: "
-                          f"{now.reason})")
-        return Result(EXIT_HEALTHY, "healthy", f"node {node}: healthy")
+                          f"{now.reason}){done}")
+        return Result(EXIT_HEALTHY, "healthy", f"node {node}: healthy{done}")
     reason = one_line_reason(_reason_prefix(request) + run.failure)
-    return _drain(request, scontrol, before, now, reason)
+    result = _drain(request, scontrol, before, now, reason)
+    return replace(result, message=result.message + done)
 
 
 def _drain(request: HealthRequest, scontrol: Scontrol, before: NodeState, now: NodeState, reason: str) -> Result:

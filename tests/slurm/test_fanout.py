@@ -26,8 +26,11 @@ def test_srun_fan_out_and_one_merged_report(node: SlurmCluster, tmp_path: Path) 
     # task 1 sees a GPU held by a process, the others a clean one (the stand-in's scenario per task)
     task = (f"[ $SLURM_PROCID = 1 ] && export GPUREADY_STANDIN_SCENARIO={STANDIN_SCENARIOS / 'h200-one-process'}; "
             f"exec {sys.executable} -m pytest --pyargs pytest_gpuready.preflight.test_host --noconftest "
-            f"-p no:cacheprovider -q --gpu-host local --gpuready-report {reports}/task$SLURM_PROCID.json")
-    done = node.run(node.binaries["srun"], "-N1", f"-n{TASKS}", f"--chdir={tmp_path}", "sh", "-c", task,
+            f"-p no:cacheprovider -q --gpu-host local --shm-leak-pattern '{node.shm_pattern}' "
+            f"--gpuready-report {reports}/task$SLURM_PROCID.json")
+    # --overcommit: more tasks than the 2 CPUs of a CI machine; --immediate: fail, never queue
+    done = node.run(node.binaries["srun"], "-N1", f"-n{TASKS}", "--overcommit", "--immediate=30",
+                    f"--chdir={tmp_path}", "sh", "-c", task,
                     timeout=240, PATH=f"{STANDIN_BIN}:/usr/sbin:/usr/bin:/sbin:/bin",
                     GPUREADY_STANDIN_SCENARIO=str(STANDIN_SCENARIOS / "h200-idle"))
     assert done.returncode == 1, done.stdout + done.stderr  # task 1's preflight failed, so srun says so
@@ -48,10 +51,12 @@ def test_srun_fan_out_and_one_merged_report(node: SlurmCluster, tmp_path: Path) 
     failed = [t for t in merged["tests"] if t["outcome"] == "failed"]
     assert [t["nodeid"].rsplit("::", 1)[1] for t in failed] == ["test_gpus_are_clean"]
 
+    print(merge.stdout)
     lines = merge.stdout.splitlines()
     assert lines[0].split() == ["host", "GPUs", "driver", "tests", "passed", "failed", "errors", "skipped",
                                 "first", "failure"]
     row = lines[1].split()
     assert row[:8] == [node.node, "1", "580.159.04", "9", "8", "1", "0", "0"]
-    assert "gpus_clean: GPU 0: 21007 MiB used, held by pid 431" in lines[1]
+    assert lines[1].endswith("gpus_clean: GPU 0: 21007 MiB us...")  # the table is 100 columns wide
+    assert f"{node.node}  gpus_clean: GPU 0: 21007 MiB used, held by pid 431 (python3" in merge.stdout
     assert lines[-1] == f"merged {TASKS} reports: 1 hosts, {3 * TASKS} tests; written to {merged_path}"
