@@ -170,13 +170,14 @@ def first_failure(hosts: Iterable[Mapping[str, Any]], tests: Iterable[Mapping[st
 
 
 def host_rows(document: Mapping[str, Any], width: int = MAX_WIDTH) -> list[Line]:
-    """The per-host table of a (merged) report: GPUs, driver, test outcomes, the first failure."""
+    """The per-host table of a (merged) report: GPUs, driver, test outcomes (ok, fail, err, skip), the
+    first failure (:func:`first_failure`, cut to the line's width; :func:`failure_lines` has more)."""
     hosts: Sequence[Mapping[str, Any]] = document.get("hosts") or []
     tests: Sequence[Mapping[str, Any]] = document.get("tests") or []
     verdicts: Sequence[Mapping[str, Any]] = document.get("verdicts") or []
     names = [str(h.get("name")) for h in hosts]
     name_width = min(30, max([len("host"), *(len(n) for n in names)]))
-    head = f"{'host':<{name_width}}  GPUs  {'driver':<12}  tests  passed  failed  errors  skipped  first failure"
+    head = f"{'host':<{name_width}}  GPUs  {'driver':<12}  tests    ok  fail   err  skip  first failure"
     lines = [Line(fit(head, width))]
     for host, name in zip(hosts, names, strict=True):
         own = [t for t in tests if t.get("host") == name]
@@ -185,7 +186,7 @@ def host_rows(document: Mapping[str, Any], width: int = MAX_WIDTH) -> list[Line]
         gpus = host.get("gpu_count")
         driver = ", ".join(host.get("driver_versions") or []) or "-"
         row = (f"{fit(name, name_width):<{name_width}}  {gpus if gpus is not None else '-':>4}  {fit(driver, 12):<12}  "
-               f"{len(own):>5}  {counts['passed']:>6}  {counts['failed']:>6}  {counts['error']:>6}  "
-               f"{counts['skipped']:>7}  ")
+               f"{len(own):>5}  {counts['passed']:>4}  {counts['failed']:>4}  {counts['error']:>4}  "
+               f"{counts['skipped']:>4}  ")
         lines.append(Line(fit(row + (failure or "-"), width), failure is not None))
     return lines

@@ -125,17 +125,20 @@ def _tail(data: bytes, lines: int = 3) -> str:
     return " | ".join(line.strip() for line in text[-lines:] if line.strip())
 
 
-def run_preflight(request: HealthRequest) -> PreflightRun:
-    """Run the preflight, killed (its whole process group) at the request's deadline."""
-    probe_timeout = max(1.0, min(30.0, request.timeout_s * 0.4))
+def run_preflight(request: HealthRequest, budget_s: float | None = None) -> PreflightRun:
+    """Run the preflight, killed (its whole process group) after ``budget_s`` (default the request's
+    timeout). The probe's own deadline, a share of the request's timeout in whole seconds, names
+    what hung (``nvidia-smi --query-gpu did not answer within 20 s``) well before that."""
+    probe_timeout = float(max(1, min(30, round(request.timeout_s * 0.4))))
+    bound = request.timeout_s if budget_s is None else budget_s
     with contextlib.suppress(FileNotFoundError):
         request.report.unlink()  # a report left by an earlier run must not be read as this one's
     started = time.monotonic()
-    done = run_bounded(preflight_argv(request, probe_timeout), b"", request.timeout_s)
+    done = run_bounded(preflight_argv(request, probe_timeout), b"", bound)
     timings = {"preflight_s": round(time.monotonic() - started, 3)}
     tail = _tail(done.stdout + done.stderr)
     if done.cut is not None:
-        return PreflightRun(None, None, f"the preflight did not finish within {request.timeout_s:g} s and was "
+        return PreflightRun(None, None, f"the preflight did not finish within {bound:.0f} s and was "
                             f"killed (last output: {tail or 'none'})", tail, timings)
     try:
         document = loads_json(read_text_bounded(request.report, MAX_REPORT_BYTES, "report"), str(request.report))
@@ -202,7 +205,7 @@ def _check_locked(request: HealthRequest, scontrol: Scontrol, started: float) ->
     if request.mode == "health" and before.busy:
         return Result(EXIT_HEALTHY, "busy", f"node {node}: {before.state.lower()}, its GPUs are a job's: not checked")
     remaining = request.timeout_s - (time.monotonic() - started)
-    run = run_preflight(replace(request, timeout_s=max(1.0, remaining - 5.0)))  # 5 s left for scontrol
+    run = run_preflight(request, max(1.0, remaining - 5.0))  # 5 s left for scontrol
     now = scontrol.show(node)  # again, right before acting on it
     done = "".join(f"; {action}" for action in run.actions)
     if run.failure is None:

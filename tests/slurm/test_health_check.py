@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -97,7 +99,23 @@ def test_a_hung_driver_is_cut_at_the_deadline_and_drains_naming_it(node: SlurmCl
         reason = wait_for("the health check to drain the node", lambda: drained_reason(node), timeout=120)
         run = node.wait_for_checks(since, 1)[0]
         assert run.ended - run.started < 20 + 5, run  # its own bound, well inside slurmd's 60 s
-        assert reason.startswith("gpuready: "), reason
-        assert "--query-gpu" in reason or "did not answer" in reason or "timed out" in reason, reason
+        # the probe's own deadline (a share of the run's) names what hung, well before the run's
+        assert reason.startswith("gpuready: test_gpus_are_clean "), reason
+        assert "local: GPUs could not be read: nvidia-smi --query-gpu did not answer within 8 s" in reason, reason
     finally:
         node.set_args("health")
+
+
+def test_with_slurms_empty_environment_scontrol_needs_the_conf_and_the_error_says_so(
+        cluster: SlurmCluster, tmp_path: Path) -> None:
+    """What slurmd gives a HealthCheckProgram: no SLURM_CONF, no PATH (here, no /etc/slurm/slurm.conf)."""
+    if Path("/etc/slurm/slurm.conf").exists():
+        pytest.skip("this machine has /etc/slurm/slurm.conf: scontrol finds a configuration without SLURM_CONF")
+    done = subprocess.run([sys.executable, "-m", "pytest_gpuready", "slurm-health", "--report",
+                           f"{tmp_path}/{{node}}.json"], env={"SLURMD_NODENAME": cluster.node}, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 3
+    assert done.stderr.startswith(f"gpuready slurm-health: node {cluster.node}: scontrol show node: ")
+    assert "Could not establish a configuration source" in done.stderr
+    assert done.stderr.endswith("; set SLURM_CONF or pass --slurm-conf FILE (Slurm runs a health check with an "
+                                "empty environment)\n")
