@@ -26,6 +26,7 @@ from pytest_gpuready.model.backends import (
     FP8_KV_DTYPES,
     MIN_FP8_CAPABILITY,
     format_arch,
+    kv_dtype_alias,
     parse_gpu_arch,
     select_mla_backend,
 )
@@ -548,6 +549,10 @@ def effective_kv_cache_dtype(model: ModelSpec, kv_cache_dtype: str = "auto",
     version = _version(vllm_version)
     quant = model.quantization
     asked = quant.kv_cache_dtype if quant else None
+    alias = kv_dtype_alias(model.architectures, kv_cache_dtype, version)
+    if alias is not None:
+        return KvCacheDtype(alias, f"--kv-cache-dtype {kv_cache_dtype} is used as {alias} for "
+                                   f"{model.architectures[0]} (models/config.py: verify_and_update_config)")
     if kv_cache_dtype != "auto":
         if (quant is not None and quant.method == "compressed-tensors" and asked
                 and not model.is_mla and version is not None and not version.at_least(0, 33)):
@@ -666,11 +671,13 @@ def _mla_fixes(model: ModelSpec, capability: tuple[int, int], version: VllmVersi
 
 # ---------------------------------------------------------------- KV cache size and memory fit
 
-def kv_dtype_bytes(model: ModelSpec, kv_cache_dtype: str) -> int:
-    """Bytes per KV element for a resolved dtype ("auto" = the model dtype)."""
+def kv_dtype_bytes(model: ModelSpec, kv_cache_dtype: str, dtype: str = "auto") -> int:
+    """Bytes per KV element for a resolved dtype: "auto" is the dtype the model is *served* in
+    (``CacheConfig.cache_dtype == "auto"`` takes ``ModelConfig.dtype``), i.e. ``--dtype`` when
+    given (float32: 4 bytes, vLLM 0.19 on an H100 logs half the bf16 tokens), else the config's."""
     name = kv_cache_dtype
     if name == "auto":
-        name = model.torch_dtype
+        name = model.torch_dtype if dtype == "auto" else dtype
     if name in ("bfloat16", "float16", "half", "bf16", "fp16"):
         return 2
     if name in ("float32", "float"):
@@ -681,13 +688,14 @@ def kv_dtype_bytes(model: ModelSpec, kv_cache_dtype: str) -> int:
                      "expected auto, bfloat16, float16 or an fp8 variant")
 
 
-def kv_cache_bytes_per_token(model: ModelSpec, tp: int, kv_cache_dtype: str = "auto") -> int:
+def kv_cache_bytes_per_token(model: ModelSpec, tp: int, kv_cache_dtype: str = "auto",
+                             dtype: str = "auto") -> int:
     """KV-cache bytes one token takes on one GPU, as vLLM sizes pages (vllm-invariants.md §3.1).
 
     GQA: ``2 x layers x max(1, kv_heads // tp) x head_dim x bytes``. MLA: ``layers x
     (kv_lora_rank + qk_rope_head_dim) x bytes``, not divided by TP (every rank stores the
     latent); ``fp8_ds_mla`` pages are 656 bytes per token per layer. ``auto`` resolves through
-    the checkpoint's KV request first (Kimi-K2.5-NVFP4 -> fp8).
+    the checkpoint's KV request first (Kimi-K2.5-NVFP4 -> fp8), then the served ``dtype``.
     """
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
@@ -696,9 +704,9 @@ def kv_cache_bytes_per_token(model: ModelSpec, tp: int, kv_cache_dtype: str = "a
     if model.is_mla:
         if kv == "fp8_ds_mla":
             return layers * 656
-        return layers * (model.mla_head_size or 0) * kv_dtype_bytes(model, kv)
+        return layers * (model.mla_head_size or 0) * kv_dtype_bytes(model, kv, dtype)
     heads_per_gpu = max(1, model.num_kv_heads // tp)
-    return 2 * layers * heads_per_gpu * model.head_dim * kv_dtype_bytes(model, kv)
+    return 2 * layers * heads_per_gpu * model.head_dim * kv_dtype_bytes(model, kv, dtype)
 
 
 def default_max_num_seqs(gpu: GpuInfo) -> int:
@@ -778,6 +786,7 @@ def check_memory_fit(
     enforce_eager: bool = False,
     max_num_batched_tokens: int | None = None,
     allow_long_max_model_len: bool = False,
+    speculative: memory.SpeculativeSettings | None = None,
 ) -> Verdict:
     """Will the weights, vLLM's profile-run reserve and one full-length request's KV cache fit?
 
@@ -790,7 +799,11 @@ def check_memory_fit(
     at least one request ...``, or a max_model_len above the config's. ``reserve_gib`` replaces the
     model's non-weight terms by one fixed figure (the 0.1 behaviour). Sources: vllm-invariants.md §3.
     ``data_parallel_size`` engines of TP x PP GPUs each take ``gpus`` in order; every GPU is judged
-    (a MoE model's experts are split over TP x DP ranks).
+    (a MoE model's experts are split over TP x DP ranks). What vLLM allocates after the KV cache
+    (the sampler warm-up, CUDA graphs where not counted) must fit outside the budget, else it fails
+    as vLLM does: ``CUDA out of memory occurred when warming up sampler with N dummy requests``. A
+    vLLM version the accounting does not cover is *undecided*, naming the range it covers.
+    ``speculative`` adds a draft's memory (:class:`memory.SpeculativeSettings`).
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
@@ -819,6 +832,13 @@ def check_memory_fit(
     length_verdict = check_max_model_len(model, max_model_len, allow_long=allow_long_max_model_len)
     if not length_verdict.ok:
         return length_verdict
+    unmodelled = memory.unmodelled_reason(version)
+    if unmodelled is not None:
+        return Verdict.undecided(
+            f"{model.name} at {layout}: memory fit undecided: {unmodelled}", evidence=evidence,
+            needs=(f"a vLLM version from {memory.MODELLED_SINCE[0]}.{memory.MODELLED_SINCE[1]} to "
+                   f"{memory.NEWEST_READ[0]}.{memory.NEWEST_READ[1]} (--vllm-version), the range the "
+                   "memory accounting models"), rule_set=f"no memory rule set covers vLLM {version}")
     kv = effective_kv_cache_dtype(model, kv_cache_dtype, version)
     errors: list[str] = []
     warnings: list[str] = list(length_verdict.warnings)
@@ -850,7 +870,7 @@ def check_memory_fit(
         gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         kv_cache_dtype=kv.name, dtype=dtype, quantization=quantization, enforce_eager=enforce_eager,
-        pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=dp)
+        pipeline_parallel_size=pipeline_parallel_size, data_parallel_size=dp, speculative=speculative)
     plan = memory_plan(model, total_bytes, tp, ep=ep, settings=settings, kv_cache_dtype=kv.name,
                        version=version, gpu_name=smallest.name, reserve_gib=reserve_gib)
     return memory_verdict(model, plan, layout, kv, evidence, warnings)
@@ -863,8 +883,9 @@ def memory_plan(model: ModelSpec, total_bytes: int, tp: int, *, ep: bool = False
     """:func:`memory.plan_memory` with the KV dtype resolved as vLLM resolves it; ``reserve_gib``
     replaces the non-weight terms by one fixed figure."""
     kv = effective_kv_cache_dtype(model, kv_cache_dtype, version)
+    served = settings.dtype if settings is not None else "auto"
     plan = memory.plan_memory(model, total_bytes, tp, ep=ep, settings=settings,
-                              kv_dtype_bytes=kv_dtype_bytes(model, kv.name) if kv.name != "fp8_ds_mla" else 1,
+                              kv_dtype_bytes=kv_dtype_bytes(model, kv.name, served) if kv.name != "fp8_ds_mla" else 1,
                               fp8_ds_mla=kv.name == "fp8_ds_mla", version=version, gpu_name=gpu_name)
     if reserve_gib is None:
         return plan
@@ -875,6 +896,26 @@ def memory_plan(model: ModelSpec, total_bytes: int, tp: int, *, ep: bool = False
     blocks = max(0, kv_bytes) // (plan.kv_bytes_per_token * KV_BLOCK_SIZE)
     return replace(plan, terms=(weights, reserve), kv_cache_bytes=max(0, kv_bytes),
                    kv_tokens=blocks * KV_BLOCK_SIZE, outside_budget=())
+
+
+def _after_kv_failure(plan: memory.MemoryPlan) -> str | None:
+    """vLLM's error when what it allocates after the KV cache (CUDA graphs where not counted, then
+    the sampler warm-up) does not fit outside the budget; None when it fits."""
+    headroom = plan.total_bytes - plan.budget_bytes
+    graphs = sum(t.bytes for t in plan.outside_budget if t.name == "CUDA graphs")
+    after = sum(t.bytes for t in plan.outside_budget)
+    if after <= headroom:
+        return None
+    outside = ", ".join(f"{t.name} {_gib(t.bytes)} GiB" for t in plan.outside_budget)
+    where = (f"after the KV cache vLLM allocates {outside} = {_gib(after)} GiB, more than the "
+             f"{_gib(headroom)} GiB the gpu_memory_utilization budget leaves outside it")
+    if graphs > headroom:
+        return (f"CUDA out of memory while capturing CUDA graphs (gpu_model_runner.py:capture_model): {where}. "
+                "Lower `gpu_memory_utilization` or pass --enforce-eager.")
+    requests = min(plan.max_num_seqs, plan.max_num_batched_tokens)
+    return (f"CUDA out of memory occurred when warming up sampler with {requests} dummy requests. "
+            "Please try lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the "
+            f"engine. ({where})")
 
 
 def memory_verdict(model: ModelSpec, plan: memory.MemoryPlan, layout: str, kv: KvCacheDtype,
@@ -891,11 +932,6 @@ def memory_verdict(model: ModelSpec, plan: memory.MemoryPlan, layout: str, kv: K
                      "terms": {t.name: {"bytes": t.bytes, "how": t.how} for t in plan.terms},
                      "weights_read_from": model.weights.read_from if model.weights else "derived from config.json"})
     details = [*plan.lines(), f"KV-cache dtype: {kv.reason}"]
-    headroom = plan.total_bytes - plan.budget_bytes
-    for term in plan.outside_budget:
-        if term.bytes > headroom:
-            warnings.append(f"{term.name} ({_gib(term.bytes)} GiB) do not fit the {_gib(headroom)} GiB outside "
-                            "the gpu_memory_utilization budget; vLLM allocates them after the KV cache")
     weights = model.weights or derived_weights_for(model)
     if not weights.from_headers:
         warnings.append(f"{model.name}: weights {weights.provenance()}")
@@ -923,6 +959,11 @@ def memory_verdict(model: ModelSpec, plan: memory.MemoryPlan, layout: str, kv: K
             f"maximum model length is {tokens}. Try increasing `gpu_memory_utilization` or "
             "decreasing `max_model_len` when initializing the engine.",
             details=tuple(details), evidence=evidence, warnings=tuple(warnings), rule_set=plan.rule_set)
+    after_kv = _after_kv_failure(plan)
+    if after_kv is not None:
+        evidence["after_kv_cache_bytes"] = sum(t.bytes for t in plan.outside_budget)
+        return Verdict.failed(f"{model.name} at {layout}: {after_kv}", details=tuple(details), evidence=evidence,
+                              warnings=tuple(warnings), rule_set=plan.rule_set)
     if concurrency < 2:
         warnings.append(f"thin headroom: the KV cache holds {concurrency:.2f} requests of {length:,} tokens")
     return Verdict.passed(

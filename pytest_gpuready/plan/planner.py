@@ -173,7 +173,11 @@ class LayoutRow:
 
 
 def _sizes(count: int) -> list[int]:
-    return [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= count]
+    """TP / PP sizes worth a row on ``count`` GPUs: the powers of two, and every divisor of the
+    count (TP=3 and 6 on six GPUs, 5 and 10 on ten), whose failures (heads, vocab, widths not
+    divisible) vLLM raises as it does for any size."""
+    return sorted({n for n in (1, 2, 4, 8, 16, 32, 64) if n <= count}
+                  | {n for n in range(1, count + 1) if count % n == 0})
 
 
 def _dp_sizes(count: int) -> list[int]:
@@ -194,7 +198,7 @@ def kv_choices(model: ModelSpec, capability: tuple[int, int] | None, version: Vl
 
 def layouts_for(model: ModelSpec, count: int, capability: tuple[int, int] | None,
                 version: VllmVersion | None) -> list[Layout]:
-    """Every DP x TP x PP <= ``count`` (TP and PP powers of two), EP where the model is MoE and
+    """Every DP x TP x PP <= ``count`` (TP and PP powers of two or divisors of the count), EP where the model is MoE and
     TP x DP > 1, each KV dtype of :func:`kv_choices`."""
     kvs = kv_choices(model, capability, version)
     result = []
