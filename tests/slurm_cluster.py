@@ -129,7 +129,9 @@ class SlurmCluster:
         done = self.run(self.binaries["sinfo"], "-h", "-N", "-n", self.node, "-o", "%T|%E")
         assert done.returncode == 0, f"sinfo: {done.stderr.strip()}"
         state, _, reason = done.stdout.strip().splitlines()[0].partition("|")
-        return state, ("" if reason == "none" else reason)
+        # a trailing * is "not responding": a ping slurmctld missed on a loaded machine, which the
+        # next ping clears; the state (idle, drained, ...) is the part these tests read
+        return state.rstrip("*"), ("" if reason == "none" else reason)
 
     def reasons(self) -> str:
         """``sinfo -R`` as an operator reads it (reasons in full)."""
@@ -172,7 +174,15 @@ class SlurmCluster:
         """Back to idle, whoever drained it (the tests' own cleanup)."""
         if "drain" in self.state()[0]:
             self.scontrol("update", f"NodeName={self.node}", "State=RESUME")
-        wait_for(f"{self.node} idle", lambda: self.state()[0] == "idle", READY_TIMEOUT_S)
+        seen: list[tuple[str, str]] = []
+
+        def idle() -> bool:
+            seen.append(self.state())
+            return seen[-1][0] == "idle"
+        try:
+            wait_for(f"{self.node} idle", idle, READY_TIMEOUT_S)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last seen {seen[-1:]}, {self.scontrol('show', 'node', self.node)}") from None
 
 
 def shm_pattern(root: Path) -> str:

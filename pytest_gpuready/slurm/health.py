@@ -131,8 +131,19 @@ def run_preflight(request: HealthRequest, budget_s: float | None = None) -> Pref
     what hung (``nvidia-smi --query-gpu did not answer within 20 s``) well before that."""
     probe_timeout = float(max(1, min(30, round(request.timeout_s * 0.4))))
     bound = request.timeout_s if budget_s is None else budget_s
+    # this run's report goes to a name of its own, then over the node's report once read: the
+    # node's report is always a whole one, and an earlier run's is never read as this one's
+    fresh = request.report.with_name(f".{request.report.name}.{os.getpid()}.partial")
     with contextlib.suppress(FileNotFoundError):
-        request.report.unlink()  # a report left by an earlier run must not be read as this one's
+        fresh.unlink()
+    try:
+        return _run_preflight(replace(request, report=fresh), probe_timeout, bound, request.report)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            fresh.unlink()
+
+
+def _run_preflight(request: HealthRequest, probe_timeout: float, bound: float, final: Path) -> PreflightRun:
     started = time.monotonic()
     done = run_bounded(preflight_argv(request, probe_timeout), b"", bound)
     timings = {"preflight_s": round(time.monotonic() - started, 3)}
@@ -147,6 +158,7 @@ def run_preflight(request: HealthRequest, budget_s: float | None = None) -> Pref
                             f"{done.returncode}: {tail or exc})", tail, timings)
     if not isinstance(document, dict):
         return PreflightRun(done.returncode, None, f"{request.report}: not a report (a JSON object)", tail, timings)
+    os.replace(request.report, final)
     failure = first_failure(document.get("hosts") or [], document.get("tests") or [],
                             document.get("verdicts") or [])
     if failure is None and done.returncode != 0:
