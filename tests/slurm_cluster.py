@@ -171,18 +171,23 @@ class SlurmCluster:
         return wait_for(f"{count} health checks of {self.node} after t={since:.1f}", done, timeout)
 
     def resume(self) -> None:
-        """Back to idle, whoever drained it (the tests' own cleanup)."""
-        if "drain" in self.state()[0]:
-            self.scontrol("update", f"NodeName={self.node}", "State=RESUME")
+        """Back to idle, whoever drained it (the tests' own cleanup), once no check runs any more.
+
+        RESUME is said again while the node is drained: an epilog that exits 1 after its drain was
+        resumed makes slurmctld drain the node once more (``Epilog error``)."""
+        _wait_running_wrappers(self.root)
         seen: list[tuple[str, str]] = []
 
         def idle() -> bool:
             seen.append(self.state())
+            if "drain" in seen[-1][0]:
+                self.scontrol("update", f"NodeName={self.node}", "State=RESUME")
+                return False
             return seen[-1][0] == "idle"
         try:
-            wait_for(f"{self.node} idle", idle, READY_TIMEOUT_S)
+            wait_for(f"{self.node} idle", idle, READY_TIMEOUT_S, every=0.5)
         except AssertionError as exc:
-            raise AssertionError(f"{exc}; last seen {seen[-1:]}, {self.scontrol('show', 'node', self.node)}") from None
+            raise AssertionError(f"{exc}; last seen {seen[-1:]}") from None
 
 
 def shm_pattern(root: Path) -> str:

@@ -68,8 +68,9 @@ def test_an_orphaned_engine_drains_the_node_with_its_cause_and_its_end_resumes_i
         assert engine.alive()  # named, never signalled without --gpu-reap-orphans
     # the engine is gone: the stand-in driver frees its memory, as the real one does
     wait_for("the health check to resume the node", lambda: node.state() == ("idle", ""))
-    resumed = [r for r in node.runs("health") if "resumed" in r.output]
-    assert resumed
+    # the node is idle once scontrol has resumed it; the check's log line comes as it exits
+    resumed = wait_for("the resuming check's log line",
+                       lambda: [r for r in node.runs("health") if "resumed" in r.output] or None)
     assert "(gpuready had drained it: gpuready: gpus_clean: GPU 0" in resumed[-1].output
 
 
