@@ -44,7 +44,8 @@ from pytest_gpuready.plugin.summary import first_failure
 from pytest_gpuready.slurm.node import NodeState, Scontrol, SlurmError, one_line_reason
 
 MODES = ("health", "prolog", "epilog")
-HOST_SUITE = "pytest_gpuready.preflight.test_host"
+HOST_SUITES = ("pytest_gpuready.preflight.test_host", "pytest_gpuready.preflight.test_health")
+"""GPUs and /dev/shm clean, topology; the GPU health checks (XID, ECC, retired pages, clocks, ...)."""
 DEPLOY_SUITE = "pytest_gpuready.preflight.test_deployments"
 DEFAULT_TIMEOUT_S = 50.0
 """slurmd gives a HealthCheckProgram 60 s, then kills it (``health_check poll timeout @ 60000
@@ -108,7 +109,7 @@ def preflight_argv(request: HealthRequest, probe_timeout_s: float) -> list[str]:
     with no ini file, conftest or cache of whatever directory it runs in; ``-s``, since what the
     plugin says it did (an engine stopped) is written during a test's setup and capture would keep it."""
     argv = [sys.executable, "-m", "pytest", "-c", os.devnull, "--rootdir", _PACKAGE_ROOT, "--noconftest",
-            "-p", "no:cacheprovider", "-q", "-s", "-rfE", "--pyargs", HOST_SUITE]
+            "-p", "no:cacheprovider", "-q", "-s", "-rfE", "--pyargs", *HOST_SUITES]
     if request.deploy_file:
         argv += [DEPLOY_SUITE, GPUREADY_CONFIG.flag, request.deploy_file]
     argv += [GPU_HOST.flag, "local", GPUREADY_REPORT.flag, str(request.report),
