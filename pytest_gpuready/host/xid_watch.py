@@ -73,7 +73,7 @@ class XidEvent:
         return f"PCI {self.pci}" if self.pci else "a GPU"
 
     def describe(self) -> str:
-        """``GPU 0: Xid 79 (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS, ...: NVIDIA's immediate action RESTART_BM (...))``."""
+        """``GPU 0: Xid 79 (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS, ...: NVIDIA's immediate action ...)``."""
         text = f"{self.where()}: Xid {self.xid} ({xid_action(self.xid)})"
         return f"{text} [{self.source}: {self.detail[:200]}]" if self.detail else f"{text} [{self.source}]"
 
@@ -256,6 +256,18 @@ class XidWatcher:
                 with self._lock:
                     self._events.append(event)
 
+    def _drain(self, events: _NvmlEvents) -> None:
+        """Collect the events already queued when the watch stopped (an Xid just before the end counts)."""
+        events.wait_ms = 0
+        for _ in range(100):
+            try:
+                event = events.wait_one()
+            except Exception:
+                return
+            if event is None:
+                return
+            self._events.append(event)
+
     def _start_kernel_log(self, note: str) -> None:
         try:
             lines, unreadable = _kernel_xid_lines(self.host, self.timeout_s)
@@ -305,6 +317,7 @@ class XidWatcher:
             if self._thread.is_alive():
                 self._errors.append("the NVML event wait did not return; the event set was left open")
             elif self._nvml_events is not None:
+                self._drain(self._nvml_events)
                 self._nvml_events.close()
         elif self._baseline is not None:
             self._kernel_log_events()
