@@ -535,6 +535,11 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
             record(pytestconfig, f"{prefix}.failed", level.failed)
             if level.clock_events is not None:
                 record(pytestconfig, f"{prefix}.clock_events", level.clock_events.describe())
+                for gpu, link in level.clock_events.link_shortfalls.items():
+                    message = (f"{server.host.name} GPU {gpu}: {link} at concurrency {level.concurrency}: the link "
+                               "ran narrower or slower than it may (a narrower slot, a riser, a degraded link)")
+                    record(pytestconfig, f"{prefix}.pcie.gpu{gpu}", link)
+                    warnings.warn(message, GpuReadyWarning, stacklevel=2)
         add_report_entry(pytestconfig, "benchmarks", {"server": server.describe(), "context": _context(server),
                                                       **result.to_dict()})
         write = _terminal_writer(pytestconfig)
