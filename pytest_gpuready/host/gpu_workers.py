@@ -71,9 +71,10 @@ def parse_worker_output(stdout: str) -> tuple[tuple[dict[str, Any], ...], bool]:
     return tuple(facts), any(fact.get("kind") == "done" for fact in facts)
 
 
-def worker_command(name: str, args: Sequence[str], python: str, timeout_s: float) -> str:
+def worker_command(name: str, args: Sequence[str], python: str, timeout_s: float,
+                   grace_s: float = OUTER_GRACE_S) -> str:
     """One shell command: the script from stdin into a private directory, run under a hard kill, removed."""
-    outer = int(timeout_s + OUTER_GRACE_S)
+    outer = max(1, round(timeout_s + grace_s))
     run = f"{python} \"$d/{name}\" {' '.join(shlex.quote(a) for a in args)}"
     return ('d=$(mktemp -d "${TMPDIR:-/tmp}/gpuready-worker.XXXXXX") || exit 97; '
             f'cat > "$d/{name}"; '
@@ -81,12 +82,13 @@ def worker_command(name: str, args: Sequence[str], python: str, timeout_s: float
             'rc=$?; rm -rf "$d"; exit $rc')
 
 
-def run_worker(host: Host, name: str, args: Sequence[str], *, python: str, timeout_s: float) -> WorkerRun:
+def run_worker(host: Host, name: str, args: Sequence[str], *, python: str, timeout_s: float,
+               grace_s: float = OUTER_GRACE_S) -> WorkerRun:
     """Run worker ``name`` (a file of ``host/workers``) on ``host``; never longer than its deadlines."""
     script = (WORKERS / name).read_bytes()
     try:
-        result = host.run(worker_command(name, args, python, timeout_s), stdin=script,
-                          timeout=timeout_s + 2 * OUTER_GRACE_S)
+        result = host.run(worker_command(name, args, python, timeout_s, grace_s), stdin=script,
+                          timeout=timeout_s + 2 * grace_s)
     except CommandTimeout as exc:
         facts, finished = parse_worker_output(exc.stdout)
         return WorkerRun(facts, finished, None, exc.stderr, timed_out=True)
@@ -108,7 +110,7 @@ def _not_run(run: WorkerRun, what: str, host: str, timeout_s: float) -> ProbeErr
 
 
 def check_p2p_functional(host: Host, gpus: Sequence[int], *, python: str = "python3",
-                         timeout_s: float = 60.0) -> Verdict:
+                         timeout_s: float = 60.0, grace_s: float = OUTER_GRACE_S) -> Verdict:
     """A CUDA IPC peer read and write per pair of ``gpus`` in two processes each, with a deadline.
 
     Fails on a pair whose bytes came back wrong, whose processes failed, or that hung (P2P broken:
@@ -120,7 +122,7 @@ def check_p2p_functional(host: Host, gpus: Sequence[int], *, python: str = "pyth
         raise ProbeError(f"{host.name}: the P2P check needs two GPUs or more, got {group}")
     pairs = list(combinations(group, 2))
     run = run_worker(host, "p2p_ipc.py", ["--gpus", ",".join(map(str, group)), "--timeout", f"{timeout_s:g}"],
-                     python=python, timeout_s=timeout_s * len(pairs))
+                     python=python, timeout_s=timeout_s * len(pairs), grace_s=grace_s)
     problem = _not_run(run, "the P2P check", host.name, timeout_s)
     if problem is not None:
         raise problem
@@ -130,7 +132,7 @@ def check_p2p_functional(host: Host, gpus: Sequence[int], *, python: str = "pyth
         fact = results.get((a, b))
         if fact is None:
             details.append(f"GPU {a} <-> GPU {b}: no result: the worker was killed after "
-                           f"{timeout_s * len(pairs) + OUTER_GRACE_S:g} s (a hang)")
+                           f"{timeout_s * len(pairs) + grace_s:g} s (a hang)")
         elif fact.get("hang"):
             details.append(f"GPU {a} <-> GPU {b}: hung: {fact.get('error')}")
         elif fact.get("error"):
@@ -165,7 +167,7 @@ def busbw_threshold(fabric: str) -> float:
 
 def check_nccl_allreduce(host: Host, gpus: Sequence[int], topology: Topology, *, python: str = "python3",
                          size_mb: int = DEFAULT_SIZE_MB, timeout_s: float = 120.0,
-                         min_busbw_gbps: float | None = None) -> Verdict:
+                         min_busbw_gbps: float | None = None, grace_s: float = OUTER_GRACE_S) -> Verdict:
     """An NCCL all-reduce of ``size_mb`` MB over ``gpus``: a hang or a wrong sum fails, and so does a
     bus bandwidth below the threshold of the group's measured fabric (NVLink 150, PCIe 15 GB/s)."""
     group = list(gpus)
@@ -174,7 +176,8 @@ def check_nccl_allreduce(host: Host, gpus: Sequence[int], topology: Topology, *,
     fabric = group_fabric(topology, group)
     threshold = min_busbw_gbps if min_busbw_gbps is not None else busbw_threshold(fabric)
     run = run_worker(host, "nccl_allreduce.py", ["--gpus", ",".join(map(str, group)), "--size-mb", str(size_mb),
-                                                  "--timeout", f"{timeout_s:g}"], python=python, timeout_s=timeout_s)
+                                                  "--timeout", f"{timeout_s:g}"], python=python, timeout_s=timeout_s,
+                     grace_s=grace_s)
     problem = _not_run(run, "the NCCL all-reduce check", host.name, timeout_s)
     if problem is not None:
         raise problem
@@ -184,7 +187,7 @@ def check_nccl_allreduce(host: Host, gpus: Sequence[int], topology: Topology, *,
                                 "result": facts[0] if facts else None,
                                 "versions": next(iter(run.of_kind("versions")), None)}
     if not facts:
-        return Verdict.failed(f"{name}: hung: no result within {timeout_s + OUTER_GRACE_S:g} s, the worker was killed",
+        return Verdict.failed(f"{name}: hung: no result within {timeout_s + grace_s:g} s, the worker was killed",
                               evidence=evidence)
     fact = facts[0]
     if fact.get("hang"):
