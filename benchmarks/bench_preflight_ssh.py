@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import statistics
 import subprocess
 import sys
@@ -310,7 +311,7 @@ def health_preflight(spec: str, server: LoopbackSshd, options: tuple[str, ...], 
         host.close()
     if snap.errors or not snap.gpus or (health and snap.health is None):
         raise SystemExit(f"the plugin's probe did not measure everything: {snap.errors}")
-    trips.append(host.commands_run)
+    trips.append(int(getattr(host, "commands_run", -1)))  # SSHHost counts the commands it ran
 
 
 def health_main(repeat: int, rtts: tuple[float, ...], write_docs: bool) -> int:
@@ -323,8 +324,8 @@ def health_main(repeat: int, rtts: tuple[float, ...], write_docs: bool) -> int:
                 spec = f"ssh://{server.user}@127.0.0.1:{port}"
                 trips: dict[bool, list[int]] = {False: [], True: []}
                 plain, health = measure(server, repeat,
-                                        lambda: health_preflight(spec, server, options, False, trips[False]),
-                                        lambda: health_preflight(spec, server, options, True, trips[True]))
+                                        functools.partial(health_preflight, spec, server, options, False, trips[False]),
+                                        functools.partial(health_preflight, spec, server, options, True, trips[True]))
             for name, figures, key in (("`snapshot(host)`", plain, False),
                                        ("`snapshot(host, health=True)`", health, True)):
                 counted = "/".join(str(c) for c in sorted(set(trips[key])))
