@@ -67,3 +67,15 @@ def test_one_gpu_skips_and_bad_marker_arguments_are_one_line(
     result.stdout.fnmatch_lines(["@pytest.mark.gpu_p2p: tp=1; expected a whole number >= 2",
                                  "SKIPPED * local: a TP=2 group needs 2 GPUs; 1 selected here"])
     assert "Traceback" not in result.stdout.str()
+
+
+def test_gpu_ids_selects_the_free_gpu_while_the_other_is_held(
+    pytester: pytest.Pytester, standin: Callable[[str], Path],
+) -> None:
+    standin("h200x2-one-held")
+    pytester.makepyfile(test_clean="def test_clean(gpus_clean):\n    pass\n")
+    free = pytester.runpytest("-p", "no:cacheprovider", "--gpu-ids", "0")
+    free.assert_outcomes(passed=1)
+    held = pytester.runpytest("-p", "no:cacheprovider", "--gpu-ids", "1")
+    held.assert_outcomes(errors=1)
+    held.stdout.fnmatch_lines(["*GPU 1*pid 431*"])
