@@ -50,6 +50,7 @@ import math
 from dataclasses import dataclass, field
 
 from pytest_gpuready.model.derived_weights import derive_weights
+from pytest_gpuready.model.serve_args import ServeArgs
 from pytest_gpuready.model.spec import DERIVED, ModelSpec, Weights, derived_weights_for
 from pytest_gpuready.model.vllm_version import VllmVersion
 
@@ -86,29 +87,6 @@ CUDAGRAPH_BYTES_PER_LAYER = int(0.44 * GIB / 16)
 """CUDA-graph pool per decoder layer with the default capture sizes (51 sizes up to 512, FULL and
 PIECEWISE): measured 0.44 GiB for a 16-layer Llama on the H200 with vLLM 0.25.0
 (``Graph capturing finished in 3 secs, took 0.44 GiB``)."""
-
-
-@dataclass(frozen=True)
-class ServeSettings:
-    """The ``vllm serve`` arguments that move memory (None = vLLM's default for the GPU)."""
-
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    kv_cache_dtype: str = "auto"
-    dtype: str = "auto"
-    """``--dtype``: auto (the checkpoint's), bfloat16, float16 or float32 (doubles 16-bit weights)."""
-    quantization: str | None = None
-    """``--quantization``: ``fp8`` quantizes a 16-bit checkpoint's linear weights online to 1 byte."""
-    enforce_eager: bool = False
-    pipeline_parallel_size: int = 1
-    data_parallel_size: int = 1
-    """``--data-parallel-size``: DP engines; a MoE model's experts are split over TP x DP ranks."""
-    api_server: bool = True
-    """``vllm serve`` (True) or the ``LLM`` class: their default max_num_batched_tokens differ."""
-    speculative: SpeculativeSettings | None = None
-    """``--speculative-config``: the draft's memory (:class:`SpeculativeSettings`); None = none."""
 
 
 @dataclass(frozen=True)
@@ -234,7 +212,7 @@ def cudagraph_counted(model: ModelSpec, version: VllmVersion | None) -> tuple[bo
 
 # ---------------------------------------------------------------- the terms
 
-def _activation_dtype_bytes(model: ModelSpec, settings: ServeSettings) -> int:
+def _activation_dtype_bytes(model: ModelSpec, settings: ServeArgs) -> int:
     name = model.torch_dtype if settings.dtype == "auto" else settings.dtype
     return 4 if name in ("float32", "float") else 2
 
@@ -252,7 +230,7 @@ def routed_expert_bytes(model: ModelSpec, weights: Weights) -> int:
     return int(derived.routed_expert_bytes * loaded / loaded_derived)
 
 
-def weights_term(model: ModelSpec, tp: int, pp: int, settings: ServeSettings) -> MemoryTerm:
+def weights_term(model: ModelSpec, tp: int, pp: int, settings: ServeArgs) -> MemoryTerm:
     """Weights on the most loaded GPU, with ``--dtype float32`` and online ``--quantization fp8``.
 
     With data parallelism a MoE model's routed experts are split over TP x DP ranks (by TP
@@ -261,7 +239,7 @@ def weights_term(model: ModelSpec, tp: int, pp: int, settings: ServeSettings) ->
     per_gpu = weights.per_gpu_bytes(tp)
     how = "read" if weights.from_headers else "derived"
     notes = [weights.provenance()]
-    dp = settings.data_parallel_size
+    dp = settings.dp
     experts = routed_expert_bytes(model, weights) if dp > 1 else 0
     if experts:
         per_gpu -= experts // max(1, tp) - experts // (max(1, tp) * dp)
@@ -345,8 +323,8 @@ def kv_bytes_per_token(model: ModelSpec, tp: int, kv_dtype_bytes: int, fp8_ds_ml
     return 2 * layers * max(1, model.num_kv_heads // tp) * model.head_dim * kv_dtype_bytes
 
 
-def warm_up_terms(model: ModelSpec, settings: ServeSettings, requests: int, version: VllmVersion | None,
-                  dtype_bytes: int) -> list[MemoryTerm]:
+def warm_up_terms(model: ModelSpec, requests: int, version: VllmVersion | None, dtype_bytes: int,
+                  speculative: SpeculativeSettings | None = None) -> list[MemoryTerm]:
     """What ``compile_or_warm_up_model`` allocates after the KV cache: the sampler's buffers over
     ``requests`` dummy requests x vocab (kept: preallocated for the largest batch), plus, with
     speculative decoding, the rejection sampler's ``requests x vocab`` target logits (module doc)."""
@@ -357,7 +335,7 @@ def warm_up_terms(model: ModelSpec, settings: ServeSettings, requests: int, vers
            f"({SAMPLER_BYTES_PER_LOGIT_V2 if _uses_v2_runner(model, version) else SAMPLER_BYTES_PER_LOGIT} "
            "bytes per logit), allocated after the KV cache (gpu_worker.py:compile_or_warm_up_model, "
            "_dummy_sampler_run)")
-    spec = settings.speculative
+    spec = speculative
     if spec is not None and spec.num_speculative_tokens:
         sampler += requests * model.vocab_size * dtype_bytes
         how += "; + the rejection sampler's target logits, one draft token per request"
@@ -378,29 +356,31 @@ def unmodelled_reason(version: VllmVersion | None) -> str | None:
 def plan_memory(
     model: ModelSpec,
     total_bytes: int,
-    tp: int,
+    settings: ServeArgs,
     *,
-    ep: bool = False,
-    settings: ServeSettings | None = None,
     kv_dtype_bytes: int = 2,
     fp8_ds_mla: bool = False,
     version: VllmVersion | None = None,
     gpu_name: str = "",
+    api_server: bool = True,
+    speculative: SpeculativeSettings | None = None,
 ) -> MemoryPlan:
-    """vLLM's accounting for one GPU of ``total_bytes`` (as CUDA reports it) at TP=tp (PP from settings)."""
-    settings = settings or ServeSettings()
-    pp = settings.pipeline_parallel_size
+    """vLLM's accounting for one GPU of ``total_bytes`` (as CUDA reports it) for the serve
+    arguments ``settings`` (TP, PP, DP, EP and the engine settings, all from the declaration);
+    ``api_server`` False is the ``LLM`` class, whose default max_num_batched_tokens differs;
+    ``speculative`` is a draft's memory (not a modelled flag: library callers pass it)."""
+    tp, ep, pp = settings.tp, settings.ep, settings.pp
     budget = math.ceil(total_bytes * settings.gpu_memory_utilization)
     seqs = settings.max_num_seqs or default_max_num_seqs(total_bytes, gpu_name)
     batched = settings.max_num_batched_tokens or default_max_num_batched_tokens(
-        total_bytes, gpu_name, settings.api_server)
+        total_bytes, gpu_name, api_server)
     dtype_bytes = _activation_dtype_bytes(model, settings)
     requests = min(seqs, batched)
-    dp = settings.data_parallel_size
+    dp = settings.dp
     forward = forward_activation_bytes(model, tp, ep, batched, dtype_bytes, dp)
     sampler = sampler_bytes(model, requests, version)
     mode = "eager" if settings.enforce_eager else "compiled"
-    spec = settings.speculative
+    spec = speculative
     weights = weights_term(model, tp, pp, settings)
     if spec is not None and spec.draft_weight_bytes:
         weights = MemoryTerm("weights", weights.bytes + spec.draft_weight_bytes, "derived",
@@ -437,7 +417,7 @@ def plan_memory(
         (terms if counted else outside).append(graph_term)
     # The sampler warms up on the last PP rank only (get_pp_group().is_last_rank); with PP > 1 the
     # GPU judged here is taken as that rank (it holds the LM head, see weights_term).
-    outside.extend(warm_up_terms(model, settings, requests, version, dtype_bytes))
+    outside.extend(warm_up_terms(model, requests, version, dtype_bytes, speculative))
     kv_cache = budget - sum(t.bytes for t in terms)
     per_token = kv_bytes_per_token(model, tp, kv_dtype_bytes, fp8_ds_mla, pp,
                                    spec.draft_layers if spec is not None else 0)

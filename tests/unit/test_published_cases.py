@@ -16,7 +16,8 @@ import pytest
 from pytest_gpuready.errors import ConfigError
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.model.checks import check_memory_fit, kv_cache_bytes_per_token, memory_plan
-from pytest_gpuready.model.memory import GIB, MIB, ServeSettings, SpeculativeSettings
+from pytest_gpuready.model.memory import GIB, MIB, SpeculativeSettings
+from pytest_gpuready.model.serve_args import ServeArgs
 from pytest_gpuready.model.spec import ModelSpec, derived_weights_for, model_spec_from_config
 from pytest_gpuready.model.vllm_version import parse_vllm_version
 from pytest_gpuready.plan.presets import PRESETS, closest_preset, parse_gpus, preset_snapshot
@@ -96,8 +97,8 @@ def test_float32_doubles_the_kv_bytes_llama_8b_h100() -> None:
     model = config("meta-llama__Llama-3.1-8B")
     assert kv_cache_bytes_per_token(model, 1, "auto", dtype="float32") == 262_144
     assert kv_cache_bytes_per_token(model, 1, "auto") == 131_072
-    plan = memory_plan(model, cuda_total("H100-80GB"), 1, version=V019, gpu_name="NVIDIA H100 80GB HBM3",
-                       settings=ServeSettings(gpu_memory_utilization=0.95, dtype="float32"))
+    plan = memory_plan(model, cuda_total("H100-80GB"), ServeArgs(gpu_memory_utilization=0.95, dtype="float32"),
+                       version=V019, gpu_name="NVIDIA H100 80GB HBM3")
     assert plan.kv_bytes_per_token == 262_144
     assert abs(plan.kv_tokens - 175_296) / 175_296 < 0.01, plan.kv_tokens
 
@@ -145,9 +146,9 @@ def test_speculative_decoding_adds_its_memory() -> None:
     """An EAGLE head: its weights, one more layer of KV pages, and the rejection sampler's target
     logits in the warm-up (``_dummy_sampler_run`` with a speculative config)."""
     model = config("meta-llama__Llama-3.1-8B")
-    plain = memory_plan(model, cuda_total("H100-80GB"), 1, version=V019, settings=ServeSettings())
+    plain = memory_plan(model, cuda_total("H100-80GB"), ServeArgs(), version=V019)
     spec = SpeculativeSettings(num_speculative_tokens=3, draft_layers=1, draft_weight_bytes=int(0.5 * GIB))
-    drafted = memory_plan(model, cuda_total("H100-80GB"), 1, version=V019, settings=ServeSettings(speculative=spec))
+    drafted = memory_plan(model, cuda_total("H100-80GB"), ServeArgs(), version=V019, speculative=spec)
     assert drafted.terms[0].bytes == plain.terms[0].bytes + int(0.5 * GIB)
     assert drafted.kv_bytes_per_token == plain.kv_bytes_per_token * 33 // 32
     assert drafted.term("sampler warm-up").bytes == plain.term("sampler warm-up").bytes + 1024 * 128_256 * 2
