@@ -1,7 +1,9 @@
 """The pytest layer, and the pytest11 entry point (``gpuready``): it only names the modules that do the work.
 
 - :mod:`pytest_gpuready.plugin.fleet`: per-host parametrization of host-bound tests (the hidden
-  ``_gpuready_host`` fixture), and the xdist hooks of :mod:`~pytest_gpuready.plugin.xdist_groups`;
+  ``_gpuready_host`` fixture);
+- :mod:`pytest_gpuready.plugin.xdist_groups`: the xdist hooks (registered only when xdist is
+  installed), which run each host's tests on one worker;
 - :mod:`pytest_gpuready.plugin.recording`: JUnit properties and report entries of the running
   test, carried on its TestReport (so through xdist);
 - :mod:`pytest_gpuready.plugin.host_fixtures`: host options, ``gpu_host``, ``gpu_snapshot``,
@@ -28,6 +30,7 @@ from __future__ import annotations
 # each for assertion rewriting as it imports it, and warns about one already imported).
 pytest_plugins = [
     "pytest_gpuready.plugin.fleet",
+    "pytest_gpuready.plugin.xdist_groups",
     "pytest_gpuready.plugin.recording",
     "pytest_gpuready.plugin.host_fixtures",
     "pytest_gpuready.plugin.model_fixtures",

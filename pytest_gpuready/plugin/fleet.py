@@ -41,18 +41,6 @@ def is_host_bound(fixturenames: Iterable[str], definition: pytest.Item) -> bool:
     return any(definition.get_closest_marker(name) is not None for name in HOST_BOUND_MARKERS)
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    from pytest_gpuready.plugin import xdist_groups
-
-    xdist_groups.register(config)
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    from pytest_gpuready.plugin import xdist_groups
-
-    xdist_groups.unregister(config)
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Parametrize host-bound tests per host (trylast: the host comes last in the id)."""

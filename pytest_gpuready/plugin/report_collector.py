@@ -20,6 +20,7 @@ import pytest
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_fixtures import GPU_MAX_USED_MIB
 from pytest_gpuready.plugin.host_session import HOST_REGISTRY_KEY
+from pytest_gpuready.plugin.plots import require_matplotlib, save_plots
 from pytest_gpuready.plugin.recording import PAYLOAD_ATTRIBUTE, host_state
 from pytest_gpuready.plugin.report_document import ReportData, host_entry
 from pytest_gpuready.plugin.summary import MAX_WIDTH, failure_lines, host_tables
@@ -67,7 +68,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                 "report; give --gpuready-report alone")
     if resolved["gpuready_plot"] is not None and not is_worker(config):
         try:
-            import matplotlib  # noqa: F401  # the plot extra, checked before any test runs
+            require_matplotlib()  # the plot extra, checked before any test runs
         except ImportError:
             raise pytest.UsageError(
                 "--gpuready-plot needs matplotlib: pip install 'pytest-gpuready[plot]'") from None
@@ -132,8 +133,6 @@ class ReportCollector:
             self.written.append(f"gpuready: report written to {path}")
         plot_dir = GPUREADY_PLOT.get(config)
         if plot_dir is not None:
-            from pytest_gpuready.plugin.plots import save_plots
-
             target = Path(config.invocation_params.dir, os.path.expanduser(plot_dir))
             for saved in save_plots(document, target):
                 self.written.append(f"gpuready: plot {saved}")

@@ -6,13 +6,7 @@ whose body is the tail of the server's log: vLLM explains a failed load only the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pytest_gpuready.errors import GpuReadyError
-
-if TYPE_CHECKING:
-    from pytest_gpuready.serve.teardown import TeardownReport
-
 
 class ServerError(GpuReadyError):
     """The server could not be started, did not become ready, or died."""
@@ -48,14 +42,6 @@ class ServerDiedError(ServerError):
     """The server's process ended while it was supposed to serve (during a benchmark, between tests)."""
 
 
-class TeardownError(ServerError):
-    """Teardown left processes, GPU memory or /dev/shm files behind."""
-
-    def __init__(self, report: TeardownReport) -> None:
-        self.report = report
-        super().__init__(report.message)
-
-
 __all__ = [
     "EngineDeadError",
     "ServerDiedError",
@@ -63,5 +49,4 @@ __all__ = [
     "ServerExitedError",
     "ServerMismatchError",
     "ServerStartTimeout",
-    "TeardownError",
 ]

@@ -55,6 +55,7 @@ def test_entry_point_is_the_plugin_package() -> None:
 
     assert plugin.pytest_plugins == [
         "pytest_gpuready.plugin.fleet",
+        "pytest_gpuready.plugin.xdist_groups",
         "pytest_gpuready.plugin.recording",
         "pytest_gpuready.plugin.host_fixtures",
         "pytest_gpuready.plugin.model_fixtures",
