@@ -23,13 +23,12 @@ from collections.abc import Iterable
 import pytest
 
 from pytest_gpuready.plugin.host_session import HOST_FIXTURE, HostSession, get_host_registry, under_xdist
+from pytest_gpuready.plugin.markers import HOST_BOUND_MARKERS
 
 HOST_BOUND_FIXTURES = frozenset({
     "gpu_host", "gpu_snapshot", "gpus_clean", "shm_clean", "model_spec", "deployment", "vllm_server",
     "benchmark_serving",
 })
-HOST_BOUND_MARKERS = ("gpus_clean", "shm_clean", "model", "deployment", "fp8_block_alignment",
-                      "mla_kv_backend_supported", "memory_fit")
 
 _HOST_OF_ITEM_KEY = pytest.StashKey[str | None]()
 

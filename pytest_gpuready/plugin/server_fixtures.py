@@ -21,7 +21,6 @@ Measured figures go to the JUnit XML as properties of the test that measured the
 from __future__ import annotations
 
 import contextlib
-import shlex
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +35,7 @@ from pytest_gpuready.model.deploy_config import Deployment, Throughput
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_session import HostSession
 from pytest_gpuready.plugin.model_fixtures import SKIP_NO_DEPLOY_FILE, deploy_config_of
+from pytest_gpuready.plugin.options import SERVER_SETTINGS, VLLM_CMD, VLLM_READY_TIMEOUT, VLLM_URL
 from pytest_gpuready.plugin.recording import add_report_entry, record
 from pytest_gpuready.serve.bench import BenchResult, ServerGoneError, run_benchmark
 from pytest_gpuready.serve.server import ServerError, TeardownReport, VLLMServer
@@ -47,49 +47,6 @@ from pytest_gpuready.serve.thresholds import (
     check_weights_per_gpu,
 )
 from pytest_gpuready.verdict import Verdict
-
-
-def _parse_timeout(text: str) -> float:
-    value = s.parse_positive_float(text)
-    return value
-
-
-def _parse_url(text: str) -> str | None:
-    url = text.strip()
-    if not url:
-        return None
-    if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1].strip("/")) == 0:
-        raise ValueError("expected the server's base URL like http://10.0.0.7:8000")
-    return url.rstrip("/")
-
-
-def _parse_command(text: str) -> str:
-    try:
-        words = shlex.split(text)
-    except ValueError as exc:
-        raise ValueError(f"expected a command line like 'vllm serve' ({exc})") from None
-    if not words:
-        raise ValueError("expected a command line like 'vllm serve'")
-    return text.strip()
-
-
-VLLM_CMD = s.Setting(
-    "vllm_cmd", "--vllm-cmd", "GPUREADY_VLLM_CMD", "vllm_cmd",
-    "Command that launches vLLM before the model (default 'vllm serve'; model placed after 'serve', "
-    "else as --model, or at {model}), e.g. 'python -m vllm.entrypoints.openai.api_server'.",
-    _parse_command, DEFAULT_COMMAND, metavar="COMMAND",
-)
-VLLM_READY_TIMEOUT = s.Setting(
-    "vllm_ready_timeout", "--vllm-ready-timeout", "GPUREADY_VLLM_READY_TIMEOUT", "vllm_ready_timeout",
-    "Seconds a launched vLLM server may take to become ready (default 1800; a 1T model loads in ~13 min).",
-    _parse_timeout, 1800.0, metavar="SECONDS",
-)
-VLLM_URL = s.Setting(
-    "vllm_url", "--vllm-url", "GPUREADY_VLLM_URL", "vllm_url",
-    "Attach to an already running vLLM server at this URL instead of launching one (never stopped).",
-    _parse_url, None, metavar="URL",
-)
-SERVER_SETTINGS: tuple[s.Setting[Any], ...] = (VLLM_CMD, VLLM_READY_TIMEOUT, VLLM_URL)
 
 POOL_KEY = pytest.StashKey[dict[str, "ServerPool"]]()
 """This session's server pools, one per host (by display name)."""
@@ -147,7 +104,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     url = VLLM_URL.get(config)
     if url is not None:
         return [f"gpuready: attaching to the vLLM server at {url} (--vllm-url; never stopped)"]
-    command = VLLM_CMD.get(config)
+    command = (VLLM_CMD.get(config) or DEFAULT_COMMAND)
     return [f"gpuready: vLLM launch command: {command}"] if command != DEFAULT_COMMAND else []
 
 
@@ -210,7 +167,7 @@ class ServerPool:
         return lambda: session.snapshot(refresh=True)
 
     def resolve(self, target: ServeSpec | Deployment | str) -> ServeSpec:
-        command = VLLM_CMD.get(self.config)
+        command = (VLLM_CMD.get(self.config) or DEFAULT_COMMAND)
         if isinstance(target, ServeSpec):
             if target.command == DEFAULT_COMMAND and command != DEFAULT_COMMAND:
                 return replace(target, command=command)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pytest_gpuready.errors import GpuReadyError
 
+
 class ServerError(GpuReadyError):
     """The server could not be started, did not become ready, or died."""
 
