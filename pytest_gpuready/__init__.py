@@ -149,7 +149,7 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
 
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one home of the version: pyproject.toml reads it (CHANGELOG.md)
 
 __all__ = [
     "BenchResult",
