@@ -10,7 +10,6 @@ are parametrized per host by :mod:`pytest_gpuready.plugin.fleet`.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,8 @@ from pytest_gpuready.errors import HostSpecError
 from pytest_gpuready.host.checks import check_gpus_clean, check_shm_clean
 from pytest_gpuready.host.host_list import display_names, merge_hosts, read_hosts_file
 from pytest_gpuready.host.hosts import Host, HostSpec
-from pytest_gpuready.host.orphans import find_orphans, reap_orphans
-from pytest_gpuready.host.shm import remove_leftovers, shm_display_name
+from pytest_gpuready.host.recovery import reap_orphans_and_reprobe, remove_shm_leftovers_and_recheck
+from pytest_gpuready.host.shm import shm_display_name
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_session import (
@@ -47,8 +46,6 @@ from pytest_gpuready.plugin.outcomes import checked, expect
 from pytest_gpuready.plugin.report import header_lines
 from pytest_gpuready.verdict import Verdict
 
-REAP_RELEASE_TIMEOUT_S = 60.0
-"""How long the driver may take to release a stopped engine's memory before the check reads the GPU."""
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     s.add_settings(parser, HOST_SETTINGS)
@@ -155,29 +152,21 @@ def snapshot_for_gpu_checks(config: pytest.Config, session: HostSession, node: p
                             ) -> HostSnapshot:
     """The host's snapshot; with ``--gpu-reap-orphans``, taken after orphaned vLLM engines were stopped.
 
-    The reaper signals only what :func:`~pytest_gpuready.host.orphans.find_orphans` proves orphaned,
-    re-checking each on the host right before each signal; then the host is probed again (polling
-    until the stopped pids have left the GPU listing) and what was stopped is printed and recorded.
+    The reaping and the re-probe until the driver lets go are :mod:`pytest_gpuready.host.recovery`'s;
+    this prints and records what was stopped.
     """
     snap = session.snapshot()
     if not GPU_REAP_ORPHANS.get(config):
         return snap
-    orphans = find_orphans(snap)
-    if not orphans:
+    report, snap = reap_orphans_and_reprobe(session.host, snap, lambda: session.snapshot(refresh=True))
+    if report is None:
         return snap
-    report = reap_orphans(session.host, orphans)
     for line in report.lines():
         _say(config, line)
     if node is not None and report.stopped:
         node.user_properties.append(("gpuready.orphans_stopped", " ".join(
             f"{o.pid}:{o.process.used_memory_mib}" for o in report.stopped)))
-    stopped = {o.pid for o in report.stopped}
-    deadline = time.monotonic() + REAP_RELEASE_TIMEOUT_S
-    while True:
-        snap = session.snapshot(refresh=True)
-        if not {p.pid for p in snap.processes} & stopped or time.monotonic() >= deadline:
-            return snap
-        time.sleep(0.25)
+    return snap
 
 
 @pytest.fixture
@@ -210,16 +199,16 @@ def _shm_clean(request: pytest.FixtureRequest, min_free_mib: int | None) -> Verd
     patterns = SHM_LEAK_PATTERNS.get(config)
     verdict = checked(lambda: check_shm_clean(session.snapshot(), min_free_mib=minimum, patterns=patterns))
     if not verdict.ok and SHM_REMOVE_LEFTOVERS.get(config):
-        removed = checked(lambda: remove_leftovers(session.host, session.snapshot().require_shm(), patterns))
-        if removed:
-            request.node.user_properties.append(
-                ("gpuready.shm_removed", ", ".join(shm_display_name(name) for name in removed)))
+        cleanup = checked(lambda: remove_shm_leftovers_and_recheck(
+            session.host, session.snapshot(), lambda: session.snapshot(refresh=True), min_free_mib=minimum,
+            patterns=patterns))
+        if cleanup.removed:
+            shown = ", ".join(shm_display_name(name) for name in cleanup.removed)
+            request.node.user_properties.append(("gpuready.shm_removed", shown))
             reporter = config.pluginmanager.get_plugin("terminalreporter")
             if reporter is not None:
-                shown = ", ".join(shm_display_name(name) for name in removed)
                 reporter.write_line(f"\ngpuready: removed from /dev/shm on {session.host.name}: {shown}")
-        verdict = checked(lambda: check_shm_clean(session.snapshot(refresh=True), min_free_mib=minimum,
-                                                  patterns=patterns))
+        verdict = cleanup.verdict
     return expect(verdict, request.node, "shm_clean")
 
 
