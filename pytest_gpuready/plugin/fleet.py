@@ -1,7 +1,7 @@
 """Per-host parametrization: every host-bound test runs once per host, with the host in its id.
 
 A test is *host-bound* when its fixture closure holds one of :data:`HOST_BOUND_FIXTURES`
-(``gpu_host``, ``gpu_snapshot``, ``gpus_clean``, ``shm_clean``, ``model_spec``, ``deployment``,
+(``gpu_host``, ``gpu_snapshot``, ``gpus_clean``, ``shm_clean``, ``gpu_health``, ``model_spec``, ``deployment``,
 ``vllm_server``, ``benchmark_serving``, or a fixture of the user's that depends on one), or when it
 carries one of :data:`HOST_BOUND_MARKERS`. With several hosts, :func:`pytest_generate_tests`
 parametrizes the hidden session-scoped fixture ``_gpuready_host`` (indirect, ids = the hosts'
@@ -26,7 +26,7 @@ from pytest_gpuready.plugin.host_session import HOST_FIXTURE, HostSession, get_h
 from pytest_gpuready.plugin.markers import HOST_BOUND_MARKERS
 
 HOST_BOUND_FIXTURES = frozenset({
-    "gpu_host", "gpu_snapshot", "gpus_clean", "shm_clean", "model_spec", "deployment", "vllm_server",
+    "gpu_host", "gpu_snapshot", "gpus_clean", "shm_clean", "gpu_health", "model_spec", "deployment", "vllm_server",
     "benchmark_serving",
 })
 

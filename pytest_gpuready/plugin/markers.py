@@ -119,6 +119,15 @@ def shm_clean(*, min_free_mib: int | None = None) -> None:
     nccl-*, *vllm*) or has less than min_free_mib MiB free (None: --shm-min-free-mib, default 1024)"""
 
 
+# ---------------------------------------------------------------- health markers (health_fixtures)
+
+@marker()
+def gpu_health(*, tp: int = 1, pp: int = 1, dp: int = 1, gpus: Sequence[int] | None = None) -> None:
+    """fail in setup unless the GPUs (by index; None: --gpu-ids, else all) are healthy for that layout:
+    driver CUDA vs the build, GPUs alive and visible, /dev/shm size, memory health, fabric, MIG / compute
+    mode / persistence, clock slowdown, P2P (docs/checks/gpu_health.md)"""
+
+
 # ---------------------------------------------------------------- model markers (model_fixtures)
 
 @marker()
@@ -129,8 +138,8 @@ def model(path: str) -> None:
 
 @marker()
 def deployment(name: str) -> None:
-    """the deploy-file deployment this test uses (fixture deployment); its static checks (TP
-    divisibility, FP8 block alignment, MLA backend) must pass in setup"""
+    """the deploy-file deployment this test uses (fixture deployment); every vLLM load rule for its serve
+    arguments (those of the preflight's test_vllm_load_rules, max_model_len included) must pass in setup"""
 
 
 @marker()
@@ -159,8 +168,9 @@ def memory_fit(tp: int, *, gpus: Sequence[int] | None = None, gpu_memory_utiliza
 
 
 HOST_MARKERS: tuple[Marker, ...] = (gpuready, gpus_clean, shm_clean)
+HEALTH_MARKERS: tuple[Marker, ...] = (gpu_health,)
 MODEL_MARKERS: tuple[Marker, ...] = (model, deployment, fp8_block_alignment, mla_kv_backend_supported, memory_fit)
-ALL_MARKERS: tuple[Marker, ...] = HOST_MARKERS + MODEL_MARKERS
+ALL_MARKERS: tuple[Marker, ...] = HOST_MARKERS + HEALTH_MARKERS + MODEL_MARKERS
 BY_NAME: dict[str, Marker] = {m.name: m for m in ALL_MARKERS}
 HOST_BOUND_MARKERS: tuple[str, ...] = tuple(m.name for m in ALL_MARKERS if m.host_bound)
 

@@ -153,8 +153,8 @@ def test_a_marker_line_is_its_signature_and_first_paragraph() -> None:
     assert markers.fp8_block_alignment.signature_text == \
         "fp8_block_alignment(tp, ep=False, *, vllm_version=None, gpu_arch=None)"
     assert markers.gpuready.line.startswith("gpuready: a GPU-readiness preflight check")
-    assert markers.HOST_BOUND_MARKERS == ("gpus_clean", "shm_clean", "model", "deployment", "fp8_block_alignment",
-                                          "mla_kv_backend_supported", "memory_fit")
+    assert markers.HOST_BOUND_MARKERS == ("gpus_clean", "shm_clean", "gpu_health", "model", "deployment",
+                                          "fp8_block_alignment", "mla_kv_backend_supported", "memory_fit")
 
 
 def test_doc_cells_escape_the_table_separator() -> None:
