@@ -7,6 +7,8 @@
   installed), which run each host's tests on one worker;
 - :mod:`pytest_gpuready.plugin.recording`: JUnit properties and report entries of the running
   test, carried on its TestReport (so through xdist);
+- :mod:`pytest_gpuready.plugin.outcomes`: Verdict -> pass / fail / skip / error, and the hooks that
+  keep a measured violation FAILED and a could-not-measure ERROR in every phase;
 - :mod:`pytest_gpuready.plugin.host_fixtures`: host options, ``gpu_host``, ``gpu_snapshot``,
   ``gpus_clean``, ``shm_clean``, the report header;
 - :mod:`pytest_gpuready.plugin.health_fixtures`: the ``gpu_health`` fixture and marker;
@@ -36,6 +38,7 @@ pytest_plugins = [
     "pytest_gpuready.plugin.fleet",
     "pytest_gpuready.plugin.xdist_groups",
     "pytest_gpuready.plugin.recording",
+    "pytest_gpuready.plugin.outcomes",
     "pytest_gpuready.plugin.host_fixtures",
     "pytest_gpuready.plugin.health_fixtures",
     "pytest_gpuready.plugin.model_fixtures",

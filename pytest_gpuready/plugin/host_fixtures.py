@@ -214,14 +214,15 @@ def _shm_clean(request: pytest.FixtureRequest, min_free_mib: int | None) -> Verd
 
 @pytest.fixture
 def gpus_clean(request: pytest.FixtureRequest) -> Verdict:
-    """Fail in setup unless the selected GPUs (``--gpu-ids``, default all) are clean; returns the Verdict."""
+    """Fail the test (before its body) unless the selected GPUs (``--gpu-ids``, default all) are clean;
+    returns the Verdict."""
     __tracebackhide__ = True
     return _gpus_clean(request, None, None)
 
 
 @pytest.fixture
 def shm_clean(request: pytest.FixtureRequest) -> Verdict:
-    """Fail in setup if /dev/shm holds leftovers or too little free space; returns the Verdict."""
+    """Fail the test (before its body) if /dev/shm holds leftovers or too little free space; returns the Verdict."""
     __tracebackhide__ = True
     return _shm_clean(request, None)
 

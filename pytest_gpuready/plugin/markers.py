@@ -109,13 +109,13 @@ def gpuready() -> None:
 
 @marker()
 def gpus_clean(*, gpus: Sequence[int] | None = None, max_used_mib: int | None = None) -> None:
-    """fail in setup unless the GPUs (by index; None: --gpu-ids, else all) hold no compute process and at
+    """fail before the test runs unless the GPUs (by index; None: --gpu-ids, else all) hold no compute process and at
     most max_used_mib MiB (None: --gpu-max-used-mib, default 64)"""
 
 
 @marker()
 def shm_clean(*, min_free_mib: int | None = None) -> None:
-    """fail in setup if /dev/shm holds vLLM/NCCL/multiprocessing leftovers (psm_*, sem.mp-*, sem.loky-*,
+    """fail before the test runs if /dev/shm holds vLLM/NCCL/multiprocessing leftovers (psm_*, sem.mp-*, sem.loky-*,
     nccl-*, *vllm*) or has less than min_free_mib MiB free (None: --shm-min-free-mib, default 1024)"""
 
 
@@ -123,7 +123,7 @@ def shm_clean(*, min_free_mib: int | None = None) -> None:
 
 @marker()
 def gpu_health(*, tp: int = 1, pp: int = 1, dp: int = 1, gpus: Sequence[int] | None = None) -> None:
-    """fail in setup unless the GPUs (by index; None: --gpu-ids, else all) are healthy for that layout:
+    """fail before the test runs unless the GPUs (by index; None: --gpu-ids, else all) are healthy for that layout:
     driver CUDA vs the build, GPUs alive and visible, /dev/shm size, memory health, fabric, MIG / compute
     mode / persistence, clock slowdown, P2P (docs/checks/gpu_health.md)"""
 
@@ -139,13 +139,13 @@ def model(path: str) -> None:
 @marker()
 def deployment(name: str) -> None:
     """the deploy-file deployment this test uses (fixture deployment); every vLLM load rule for its serve
-    arguments (those of the preflight's test_vllm_load_rules, max_model_len included) must pass in setup"""
+    arguments (those of the preflight's test_vllm_load_rules, max_model_len included) must pass before the test runs"""
 
 
 @marker()
 def fp8_block_alignment(tp: int, ep: bool = False, *, vllm_version: str | None = None,
                         gpu_arch: str | None = None) -> None:
-    """fail in setup unless the model's FP8 weight blocks divide evenly at this tensor-parallel size
+    """fail before the test runs unless the model's FP8 weight blocks divide evenly at this tensor-parallel size
     (routed experts whole with ep=True); re-gridded MoE blocks (vLLM >= 0.29) also need the GPU's
     architecture (None: --vllm-version, --gpu-arch, else the GPU host's)"""
 
@@ -153,7 +153,7 @@ def fp8_block_alignment(tp: int, ep: bool = False, *, vllm_version: str | None =
 @marker()
 def mla_kv_backend_supported(kv_cache_dtype: str = "auto", *, gpu_arch: str | None = None,
                              vllm_version: str | None = None) -> None:
-    """fail in setup unless vLLM has an MLA attention backend for the model on this GPU with this
+    """fail before the test runs unless vLLM has an MLA attention backend for the model on this GPU with this
     KV-cache dtype (None: --gpu-arch, --vllm-version, else the GPU host's)"""
 
 
@@ -163,7 +163,7 @@ def memory_fit(tp: int, *, gpus: Sequence[int] | None = None, gpu_memory_utiliza
                reserve_gib: float | None = None, pipeline_parallel_size: int = 1, ep: bool = False,
                dtype: str = "auto", quantization: str | None = None, enforce_eager: bool = False,
                max_num_batched_tokens: int | None = None) -> None:
-    """fail in setup unless the weights, vLLM's profile-run memory and one max_model_len request's KV
+    """fail before the test runs unless the weights, vLLM's profile-run memory and one max_model_len request's KV
     cache fit in gpu_memory_utilization of each GPU"""
 
 

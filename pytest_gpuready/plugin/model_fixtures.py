@@ -4,7 +4,8 @@
 Loaded by :mod:`pytest_gpuready.plugin`. The rules live in :mod:`pytest_gpuready.model.rules`
 (the same calls the preflight suite and the planner make); this module resolves where the model, the vLLM version
 and the GPU architecture come from, and turns Verdicts into outcomes with
-:mod:`pytest_gpuready.plugin.outcomes` (a failed precondition fails the test in setup; warnings go to
+:mod:`pytest_gpuready.plugin.outcomes` (a measured violation fails the test before its body runs, a
+could-not-measure errors it; warnings go to
 the warnings summary). Pure checks never touch a host: the GPU snapshot is requested only when
 a check needs it (memory fit, or the architecture when neither the marker, the deployment nor
 ``--gpu-arch`` gives one).
@@ -40,7 +41,7 @@ from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_session import HostSession, get_host_session, host_session_of
 from pytest_gpuready.plugin.markers import MODEL_MARKERS, arguments
 from pytest_gpuready.plugin.options import GPU_ARCH, GPUREADY_CONFIG, GPUREADY_MODEL, MODEL_SETTINGS, VLLM_VERSION
-from pytest_gpuready.plugin.outcomes import checked, expect
+from pytest_gpuready.plugin.outcomes import checked, could_not_measure, expect
 from pytest_gpuready.plugin.recording import add_report_entry
 from pytest_gpuready.verdict import Verdict
 
@@ -174,12 +175,11 @@ def resolve_gpu_arch(request: pytest.FixtureRequest, deployment: Deployment | No
     gpus = [g for g in snapshot.require_gpus() if wanted is None or g.index in wanted]
     capabilities = {g.compute_capability for g in gpus}
     if None in capabilities or not capabilities:
-        pytest.fail(f"{snapshot.host}: the GPUs' compute capability was not reported; pass --gpu-arch SM",
-                    pytrace=False)
+        could_not_measure(f"{snapshot.host}: the GPUs' compute capability was not reported; pass --gpu-arch SM")
     if len(capabilities) > 1:
         names = ", ".join(sorted(format_arch(c) for c in capabilities if c is not None))
-        pytest.fail(f"{snapshot.host}: the GPUs mix architectures ({names}); pass --gpu-arch SM or "
-                    "select GPUs of one kind", pytrace=False)
+        could_not_measure(f"{snapshot.host}: the GPUs mix architectures ({names}); pass --gpu-arch SM or "
+                          "select GPUs of one kind")
     capability = capabilities.pop()
     assert capability is not None
     return capability

@@ -106,7 +106,8 @@ class ReportData:
         known.update(state)
 
     def failed_verdicts(self) -> list[dict[str, Any]]:
-        return [v for v in self.sections.get("verdicts", []) if not v.get("ok")]
+        """Verdicts that measured a violation (an undecided one, whose test skipped, is none)."""
+        return [v for v in self.sections.get("verdicts", []) if not v.get("ok") and not v.get("needs")]
 
     def document(self, exit_status: int | None = None) -> dict[str, Any]:
         """The report, as the schema describes it."""

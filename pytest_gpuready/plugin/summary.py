@@ -103,8 +103,15 @@ def host_tables(hosts: Iterable[Mapping[str, Any]], max_used_mib: int,
 
 def failure_lines(hosts: Iterable[Mapping[str, Any]], verdicts: Iterable[Mapping[str, Any]],
                   width: int = MAX_WIDTH) -> list[Line]:
-    """One line per failed invariant (host, check, summary: first piece of evidence), and one per
-    host that could not be measured at all."""
+    """One line per host that could not be measured at all, then one per failed invariant of each
+    deployment: ``host  deployment  check: headline (+N more)``.
+
+    The headline is the verdict's summary (what failed, in vLLM's words where it has them); ``+N``
+    counts the lines of evidence the test's failure message holds beyond it. The headline is cut
+    to make room, never the count. A check of no deployment (the host checks, a marker on a test)
+    leaves the deployment out; the same failure in several such tests of one host is said once.
+    Undecided verdicts (their tests skipped, saying what to pass) are not failures.
+    """
     lines = []
     for host_entry in hosts:
         error = str(host_entry.get("error") or "")
@@ -113,18 +120,18 @@ def failure_lines(hosts: Iterable[Mapping[str, Any]], verdicts: Iterable[Mapping
             lines.append(Line(fit(f"{host_entry.get('name')}  not measured: {error}", width), True))
     seen: set[tuple[Any, ...]] = set()
     for verdict in verdicts:
-        if verdict.get("ok"):
+        if verdict.get("ok") or verdict.get("needs"):
             continue
-        details = [str(d).strip() for d in verdict.get("details") or []]
-        key = (verdict.get("host"), verdict.get("name"), verdict.get("summary"))
-        if key in seen:  # the same invariant failing in several tests of one host: said once
+        deployment = verdict.get("deployment")
+        summary = str(verdict.get("summary") or "").strip()
+        key = (verdict.get("host"), deployment, verdict.get("name"), None if deployment else summary)
+        if key in seen:
             continue
         seen.add(key)
-        # the evidence (the first detail: GPU, MiB, pid; file; layer) says more in 100 columns than
-        # the summary, which repeats the host; the summary stands in when there are no details
-        evidence = details[0] if details else str(verdict.get("summary"))
-        more = f" (+{len(details) - 1} more)" if len(details) > 1 else ""
-        host = verdict.get("host") or "-"
-        text = f"{host}  {verdict.get('name')}: {fit(evidence, width - len(host) - 4 - len(more))}{more}"
-        lines.append(Line(fit(text, width), True))
+        details = [str(d).strip() for d in verdict.get("details") or [] if str(d).strip()]
+        more = f" (+{len(details)} more)" if details else ""
+        prefix = f"{verdict.get('host') or '-'}  " + (f"{deployment}  " if deployment else "")
+        head = fit(f"{prefix}{verdict.get('name')}: ", max(0, width - len(more) - 20))
+        lines.append(Line(head + fit(summary.splitlines()[0] if summary else "-",
+                                     max(3, width - len(head) - len(more))) + more, True))
     return lines

@@ -58,6 +58,7 @@ def test_entry_point_is_the_plugin_package() -> None:
         "pytest_gpuready.plugin.fleet",
         "pytest_gpuready.plugin.xdist_groups",
         "pytest_gpuready.plugin.recording",
+        "pytest_gpuready.plugin.outcomes",
         "pytest_gpuready.plugin.host_fixtures",
         "pytest_gpuready.plugin.health_fixtures",
         "pytest_gpuready.plugin.model_fixtures",
