@@ -128,6 +128,21 @@ def gpu_health(*, tp: int = 1, pp: int = 1, dp: int = 1, gpus: Sequence[int] | N
     mode / persistence, clock slowdown, P2P (docs/checks/gpu_health.md)"""
 
 
+# ---------------------------------------------------------------- two-GPU markers (two_gpu_fixtures)
+
+@marker(host_bound=False)
+def gpu_p2p(*, tp: int = 2, gpus: Sequence[int] | None = None, timeout: float = 60) -> None:
+    """fail before the test runs unless a CUDA IPC peer read and write works for every pair of the TP group
+    (two processes per pair, hard timeout; docs/checks/two_gpu.md)"""
+
+
+@marker(host_bound=False)
+def nccl_allreduce(*, tp: int = 2, gpus: Sequence[int] | None = None, size_mb: int = 256, timeout: float = 120,
+                   min_busbw_gbps: float | None = None) -> None:
+    """fail before the test runs unless an NCCL all-reduce over the TP group finishes, sums right and reaches
+    the bus bandwidth of its fabric (NVLink 150, PCIe 15 GB/s; docs/checks/two_gpu.md)"""
+
+
 # ---------------------------------------------------------------- model markers (model_fixtures)
 
 @marker()
@@ -169,8 +184,9 @@ def memory_fit(tp: int, *, gpus: Sequence[int] | None = None, gpu_memory_utiliza
 
 HOST_MARKERS: tuple[Marker, ...] = (gpuready, gpus_clean, shm_clean)
 HEALTH_MARKERS: tuple[Marker, ...] = (gpu_health,)
+TWO_GPU_MARKERS: tuple[Marker, ...] = (gpu_p2p, nccl_allreduce)
 MODEL_MARKERS: tuple[Marker, ...] = (model, deployment, fp8_block_alignment, mla_kv_backend_supported, memory_fit)
-ALL_MARKERS: tuple[Marker, ...] = HOST_MARKERS + HEALTH_MARKERS + MODEL_MARKERS
+ALL_MARKERS: tuple[Marker, ...] = HOST_MARKERS + HEALTH_MARKERS + TWO_GPU_MARKERS + MODEL_MARKERS
 BY_NAME: dict[str, Marker] = {m.name: m for m in ALL_MARKERS}
 HOST_BOUND_MARKERS: tuple[str, ...] = tuple(m.name for m in ALL_MARKERS if m.host_bound)
 

@@ -92,6 +92,14 @@ GPU_REAP_ORPHANS = setting(
     "stopped (default: stop nothing).",
     is_flag=True)
 
+# ---------------------------------------------------------------- two-GPU checks (two_gpu_fixtures)
+
+GPU_WORKER_PYTHON = setting(
+    "gpu_worker_python", s.parse_python, "python3",
+    "The Python on the GPU host that has torch, for the gpu_p2p and nccl_allreduce markers (default python3; "
+    "e.g. the vLLM venv's /opt/vllm/bin/python).",
+    metavar="PYTHON", shown_default="`python3` (the GPU host's Python with torch, for `gpu_p2p` / `nccl_allreduce`)")
+
 # ---------------------------------------------------------------- models (model_fixtures)
 
 GPUREADY_CONFIG = setting(
@@ -151,9 +159,11 @@ HOST_SETTINGS: tuple[Setting[Any], ...] = (
     GPU_HOST, GPU_HOSTS_FILE, GPU_IDS, GPU_MAX_USED_MIB, GPU_READER, SSH_IDENTITY, SSH_OPTIONS, SSH_CONNECT_TIMEOUT,
     GPU_PROBE_TIMEOUT, SHM_MIN_FREE_MIB, SHM_LEAK_PATTERNS, SHM_REMOVE_LEFTOVERS, GPU_REAP_ORPHANS,
 )
+TWO_GPU_SETTINGS: tuple[Setting[Any], ...] = (GPU_WORKER_PYTHON,)
 MODEL_SETTINGS: tuple[Setting[Any], ...] = (GPUREADY_MODEL, GPUREADY_CONFIG, VLLM_VERSION, GPU_ARCH)
 SERVER_SETTINGS: tuple[Setting[Any], ...] = (VLLM_CMD, VLLM_READY_TIMEOUT, VLLM_URL)
 REPORT_SETTINGS: tuple[Setting[Any], ...] = (GPUREADY_REPORT, GPUREADY_JSON, GPUREADY_PLOT)
 
-ALL_SETTINGS: tuple[Setting[Any], ...] = HOST_SETTINGS + MODEL_SETTINGS + SERVER_SETTINGS + REPORT_SETTINGS
+ALL_SETTINGS: tuple[Setting[Any], ...] = (HOST_SETTINGS + TWO_GPU_SETTINGS + MODEL_SETTINGS + SERVER_SETTINGS
+                                          + REPORT_SETTINGS)
 """Every option, in the order of ``pytest --help`` and of the README's options table."""

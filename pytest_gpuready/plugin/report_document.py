@@ -126,7 +126,7 @@ class ReportData:
             "schema_version": SCHEMA_VERSION,
             "plugin": {"name": "pytest-gpuready", "version": plugin_version()},
             "environment": {"python": platform.python_version(), "pytest": _version("pytest"),
-                            "pytest_xdist": _version("pytest-xdist")},
+                            "pytest_xdist": _version("pytest-xdist"), "hostname": platform.node()},
             "created": datetime.fromtimestamp(self.started, tz=timezone.utc).isoformat(),
             "exit_status": exit_status,
             "workers": sorted(self.workers),

@@ -23,6 +23,7 @@ Measured figures go to the JUnit XML as properties of the test that measured the
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -30,15 +31,16 @@ from typing import Any
 
 import pytest
 
-from pytest_gpuready.errors import ConfigError, GpuReadyError
+from pytest_gpuready.errors import ConfigError, GpuReadyError, GpuReadyWarning
 from pytest_gpuready.host.clock_events import ClockEventSampler
+from pytest_gpuready.host.xid_watch import XidRecord, XidWatcher
 from pytest_gpuready.model.deploy_config import Deployment, Throughput
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_session import HostSession
 from pytest_gpuready.plugin.model_fixtures import SKIP_NO_DEPLOY_FILE, deploy_config_of
 from pytest_gpuready.plugin.options import SERVER_SETTINGS, VLLM_CMD, VLLM_READY_TIMEOUT, VLLM_URL
 from pytest_gpuready.plugin.recording import add_report_entry, record
-from pytest_gpuready.serve.bench import BenchResult, ServerGoneError, run_benchmark
+from pytest_gpuready.serve.bench import BenchResult, ServerGoneError, XidDuringBenchmarkError, run_benchmark
 from pytest_gpuready.serve.pool import ServerPool
 from pytest_gpuready.serve.server import ServerError, TeardownReport, VLLMServer
 from pytest_gpuready.serve.spec import DEFAULT_COMMAND, ServeSpec, spec_from_deployment
@@ -52,6 +54,21 @@ from pytest_gpuready.verdict import Verdict
 
 POOL_KEY = pytest.StashKey[dict[str, "ServerPool"]]()
 """This session's server pools, one per host (by display name)."""
+XID_UNWATCHED_KEY = pytest.StashKey[set[str]]()
+"""Hosts whose Xids could not be watched, already said this session (said once, never an error)."""
+
+
+def note_xid_watch(config: pytest.Config, xids: XidRecord | None) -> None:
+    """Say once per host and session that its Xids are not watched (the kernel log needs root there)."""
+    if xids is None or xids.unwatched is None:
+        return
+    said = config.stash.setdefault(XID_UNWATCHED_KEY, set())
+    if xids.host in said:
+        return
+    said.add(xids.host)
+    message = f"{xids.host}: Xid not watched during launches and benchmarks: {xids.unwatched}"
+    record(config, "xid_watch", message)
+    warnings.warn(message, GpuReadyWarning, stacklevel=2)
 
 
 # ---------------------------------------------------------------- hooks
@@ -148,7 +165,8 @@ def new_pool(config: pytest.Config, log_dir: Path, host_session: HostSession) ->
     return ServerPool(host_session.host, log_dir, ready_timeout_s=VLLM_READY_TIMEOUT.get(config),
                       attach_url=VLLM_URL.get(config), snapshot=lambda: host_session.snapshot(refresh=True),
                       invalidate=host_session.invalidate, progress=_terminal_writer(config),
-                      on_start=on_start, on_stop=on_stop)
+                      on_start=on_start, after_launch=lambda server: note_xid_watch(config, server.launch_xids),
+                      on_stop=on_stop)
 
 
 def resolve_spec(config: pytest.Config, target: ServeSpec | Deployment | str) -> ServeSpec:
@@ -190,6 +208,7 @@ def _record_start(config: pytest.Config, server: VLLMServer, host_name: str) -> 
         "spec": server.spec.to_dict(), "url": server.url, "attached": server.is_attached,
         "startup_s": server.ready.startup_s, "vllm_version": server.ready.vllm_version,
         "footprint": footprint.to_dict(),
+        "xids": server.launch_xids.to_dict() if server.launch_xids is not None else None,
     })
 
 
@@ -349,10 +368,24 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
         try:
             gpus = server.spec.gpus
             kwargs.setdefault("clock_events", lambda: ClockEventSampler(server.host, gpus=gpus))
-            result = run_benchmark(server.url, server.model_name, concurrency, alive=alive, **kwargs)
+            watchers: list[XidWatcher] = []
+
+            def xid_watch() -> XidWatcher:
+                watchers.append(XidWatcher(server.host, gpus=gpus))
+                return watchers[-1]
+
+            kwargs.setdefault("xid_watch", xid_watch)
+            try:
+                result = run_benchmark(server.url, server.model_name, concurrency, alive=alive, **kwargs)
+            finally:
+                note_xid_watch(pytestconfig, watchers[0].record if watchers else None)
+        except XidDuringBenchmarkError as exc:
+            failure = f"benchmark of {_context(server)}: {exc}"
         except ServerGoneError as exc:
-            died = server.died_error("during the benchmark",
-                                     f"{exc.sent} requests sent ({exc.failed} failed), then no more")
+            detail = f"{exc.sent} requests sent ({exc.failed} failed), then no more"
+            if exc.xids is not None and exc.xids.seen:
+                detail = f"{exc.xids.failure('the benchmark')}; {detail}"
+            died = server.died_error("during the benchmark", detail)
             for pool in pytestconfig.stash.get(POOL_KEY, {}).values():
                 if any(kept is server for kept in pool.servers.values()):
                     pool.mark_dead(server.spec, died.summary)
@@ -372,6 +405,11 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
             record(pytestconfig, f"{prefix}.failed", level.failed)
             if level.clock_events is not None:
                 record(pytestconfig, f"{prefix}.clock_events", level.clock_events.describe())
+                for gpu, link in level.clock_events.link_shortfalls.items():
+                    message = (f"{server.host.name} GPU {gpu}: {link} at concurrency {level.concurrency}: the link "
+                               "ran narrower or slower than it may (a narrower slot, a riser, a degraded link)")
+                    record(pytestconfig, f"{prefix}.pcie.gpu{gpu}", link)
+                    warnings.warn(message, GpuReadyWarning, stacklevel=2)
         add_report_entry(pytestconfig, "benchmarks", {"server": server.describe(), "context": _context(server),
                                                       **result.to_dict()})
         write = _terminal_writer(pytestconfig)

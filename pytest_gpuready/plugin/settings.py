@@ -284,6 +284,16 @@ def parse_command(text: str) -> str:
     return text.strip()
 
 
+def parse_python(text: str) -> str:
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise ValueError(f"expected a Python command like /opt/vllm/bin/python ({exc})") from None
+    if not words:
+        raise ValueError("expected a Python command like /opt/vllm/bin/python")
+    return text.strip()
+
+
 def expecting(parse: Callable[[str], T], expected: str) -> Callable[[str], T]:
     """``parse``, with any ValueError's message replaced by ``expected``."""
     def parse_or_explain(text: str) -> T:

@@ -135,3 +135,65 @@ def failure_lines(hosts: Iterable[Mapping[str, Any]], verdicts: Iterable[Mapping
         lines.append(Line(head + fit(summary.splitlines()[0] if summary else "-",
                                      max(3, width - len(head) - len(more))) + more, True))
     return lines
+
+
+_BAD_OUTCOMES = ("failed", "error")
+
+
+def _first_line(text: object) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def first_failure(hosts: Iterable[Mapping[str, Any]], tests: Iterable[Mapping[str, Any]],
+                  verdicts: Iterable[Mapping[str, Any]]) -> str | None:
+    """One line naming the first thing wrong in a report's data, or None when all was measured and held.
+
+    In the order an operator reads them: a host that could not be probed; a host with no GPU (a GPU
+    node whose driver fell off the bus reads so); the first failed invariant (its first piece of
+    evidence, as :func:`failure_lines` shows it); a test that failed or errored without a verdict
+    (could not measure); no test at all.
+    """
+    for host in hosts:
+        if host.get("error"):
+            return f"not measured: {_first_line(host['error'])}"
+        snapshot = host.get("snapshot") or {}
+        if snapshot.get("no_gpu_reason"):
+            return f"no GPU: {_first_line(snapshot['no_gpu_reason'])}"
+    for verdict in verdicts:
+        if verdict.get("ok"):
+            continue
+        details = [str(d).strip() for d in verdict.get("details") or [] if str(d).strip()]
+        evidence = details[0] if details else _first_line(verdict.get("summary"))
+        more = f" (+{len(details) - 1} more)" if len(details) > 1 else ""
+        return f"{verdict.get('name')}: {evidence}{more}"
+    ran = list(tests)
+    for test in ran:
+        if test.get("outcome") in _BAD_OUTCOMES:
+            name = str(test.get("nodeid", "")).rsplit("::", 1)[-1]
+            what = "could not measure" if test["outcome"] == "error" else "failed"
+            return f"{name} {what}: {_first_line(test.get('message') or 'no message')}"
+    return None if ran else "no test ran"
+
+
+def host_rows(document: Mapping[str, Any], width: int = MAX_WIDTH) -> list[Line]:
+    """The per-host table of a (merged) report: GPUs, driver, test outcomes (ok, fail, err, skip), the
+    first failure (:func:`first_failure`, cut to the line's width; :func:`failure_lines` has more)."""
+    hosts: Sequence[Mapping[str, Any]] = document.get("hosts") or []
+    tests: Sequence[Mapping[str, Any]] = document.get("tests") or []
+    verdicts: Sequence[Mapping[str, Any]] = document.get("verdicts") or []
+    names = [str(h.get("name")) for h in hosts]
+    name_width = min(30, max([len("host"), *(len(n) for n in names)]))
+    head = f"{'host':<{name_width}}  GPUs  {'driver':<12}  tests    ok  fail   err  skip  first failure"
+    lines = [Line(fit(head, width))]
+    for host, name in zip(hosts, names, strict=True):
+        own = [t for t in tests if t.get("host") == name]
+        counts = {o: sum(1 for t in own if t.get("outcome") == o) for o in ("passed", "failed", "error", "skipped")}
+        failure = first_failure([host], own, [v for v in verdicts if v.get("host") == name])
+        gpus = host.get("gpu_count")
+        driver = ", ".join(host.get("driver_versions") or []) or "-"
+        row = (f"{fit(name, name_width):<{name_width}}  {gpus if gpus is not None else '-':>4}  {fit(driver, 12):<12}  "
+               f"{len(own):>5}  {counts['passed']:>4}  {counts['failed']:>4}  {counts['error']:>4}  "
+               f"{counts['skipped']:>4}  ")
+        lines.append(Line(fit(row + (failure or "-"), width), failure is not None))
+    return lines

@@ -41,6 +41,7 @@ class ServerPool:
     def __init__(self, host: Host, log_dir: Path, *, ready_timeout_s: float, attach_url: str | None = None,
                  snapshot: SnapshotFn | None = None, invalidate: Callable[[], None] | None = None,
                  progress: ProgressFn | None = None, on_start: Callable[[VLLMServer], None] | None = None,
+                 after_launch: Callable[[VLLMServer], None] | None = None,
                  on_stop: Callable[[VLLMServer, TeardownReport], None] | None = None) -> None:
         self.host = host
         self.log_dir = log_dir
@@ -51,6 +52,8 @@ class ServerPool:
         """Called after every start and stop: the host's cached snapshot is stale then."""
         self._progress = progress
         self._on_start = on_start
+        self._after_launch = after_launch
+        """Called after every launch, ready or not (the plugin says what its Xid watch could not see)."""
         self._on_stop = on_stop
         self.servers: dict[ServeSpec, VLLMServer] = {}
         self.failures: dict[ServeSpec, str] = {}
@@ -89,6 +92,8 @@ class ServerPool:
             raise
         finally:
             self._invalidate()
+            if self._after_launch is not None:
+                self._after_launch(server)
         if self._on_start is not None:
             self._on_start(server)
         return server

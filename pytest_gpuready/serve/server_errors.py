@@ -43,6 +43,10 @@ class ServerDiedError(ServerError):
     """The server's process ended while it was supposed to serve (during a benchmark, between tests)."""
 
 
+class XidDuringLaunchError(ServerError):
+    """The driver raised an Xid on the server's GPUs while it started: the GPU failed under the launch."""
+
+
 __all__ = [
     "EngineDeadError",
     "ServerDiedError",
@@ -50,4 +54,5 @@ __all__ = [
     "ServerExitedError",
     "ServerMismatchError",
     "ServerStartTimeout",
+    "XidDuringLaunchError",
 ]

@@ -57,7 +57,7 @@ def test_every_name_is_derived_but_two_kept_for_users() -> None:
                      setting(s.dest, s.parse, s.default, s.help, multiple=s.multiple))}
     assert differing == {"gpu_host", "gpu_hosts_file"}
     assert len({s.flag for s in options.ALL_SETTINGS}) == len({s.env for s in options.ALL_SETTINGS}) \
-        == len(options.ALL_SETTINGS) == 23
+        == len(options.ALL_SETTINGS) == 24
 
 
 def test_every_option_of_the_group_is_declared_in_the_registry(pytester: pytest.Pytester) -> None:
@@ -123,14 +123,29 @@ def test_every_variable_and_ini_key_the_docs_name_is_the_options() -> None:
             assert (env, ini) == (declared.env, declared.ini), f"{page.name}: {flag} is {declared.env}/{declared.ini}"
 
 
+def _is_declaration(arguments: str, line: str, page: Path) -> bool:
+    """A signature, not a call: in a page's header line or the README's table, or with a bare name, ``*`` or None."""
+    if line.startswith(("**Marker**", "**Fixture**")) or (page.name == "README.md" and line.startswith("| ")):
+        return True
+    parts = [part.strip() for part in arguments.split(",") if part.strip()]
+    return any("=" not in part or part.endswith("=None") for part in parts)
+
+
 def test_every_marker_signature_in_the_docs_is_the_python_one() -> None:
+    """Declarations equal the Python signature; calls (``gpu_p2p(tp=2)``) name only its parameters."""
     names = "|".join(m.name for m in markers.ALL_MARKERS)
     seen: set[str] = set()
     for page in PAGES:
-        for span, name in re.findall(rf"`(?:@pytest\.mark\.)?(({names})\([^`]*\))`", _prose(page)):
-            assert span == markers.BY_NAME[name].signature_text, (
-                f"{page.name}: `{span}` should read `{markers.BY_NAME[name].signature_text}`")
-            seen.add(name)
+        for line in _prose(page).splitlines():
+            for span, name, arguments in re.findall(rf"`(?:@pytest\.mark\.)?(({names})\(([^`]*)\))`", line):
+                declared = markers.BY_NAME[name]
+                if _is_declaration(arguments, line, page):
+                    assert span == declared.signature_text, (
+                        f"{page.name}: `{span}` should read `{declared.signature_text}`")
+                    seen.add(name)
+                else:
+                    given = {part.split("=", 1)[0].strip() for part in arguments.split(",") if part.strip()}
+                    assert given <= set(declared.parameters), f"{page.name}: `{span}`: {declared.parameters}"
     assert seen == {m.name for m in markers.ALL_MARKERS if m.signature.parameters}
 
 
@@ -145,6 +160,19 @@ def test_memory_fit_takes_what_the_check_takes() -> None:
     """The marker's arguments go to memory_fit_verdict as they are: same names, same defaults."""
     check = inspect.signature(model_fixtures.memory_fit_verdict).parameters
     for name, parameter in markers.memory_fit.signature.parameters.items():
+        assert name in check, name
+        assert parameter.default == check[name].default, name
+
+
+@pytest.mark.parametrize(("declared", "verdict"), [
+    (markers.gpu_p2p, "gpu_p2p_verdict"), (markers.nccl_allreduce, "nccl_allreduce_verdict"),
+    (markers.gpu_health, "gpu_health_verdict")])
+def test_the_gpu_markers_take_what_their_checks_take(declared: markers.Marker, verdict: str) -> None:
+    from pytest_gpuready.plugin import health_fixtures, two_gpu_fixtures
+
+    module = two_gpu_fixtures if hasattr(two_gpu_fixtures, verdict) else health_fixtures
+    check = inspect.signature(getattr(module, verdict)).parameters
+    for name, parameter in declared.signature.parameters.items():
         assert name in check, name
         assert parameter.default == check[name].default, name
 
