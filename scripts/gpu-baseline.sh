@@ -7,8 +7,8 @@
 #
 #   . /tmp/site/env.sh && OUT=$OUT bash scripts/gpu-baseline.sh
 #
-# GPUREADY_BASELINE_RESTART=1: a fresh server for every unchanged run (each gate the first after a start,
-# as in CI); GPUREADY_BASELINE_RUNS=N (default 10). Everything lands in $OUT (default ./gpu-out): host-facts.txt, baseline-gpu.log, baseline-gpu.json.
+# BASELINE_RESTART=1: a fresh server for every unchanged run (each gate the first after a start,
+# as in CI); BASELINE_RUNS=N (default 10). Everything lands in $OUT (default ./gpu-out): host-facts.txt, baseline-gpu.log, baseline-gpu.json.
 set -u
 OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=${VLLM_USE_FLASHINFER_SAMPLER:-0}
@@ -21,8 +21,8 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/host-facts
   python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"; } >> "$OUT/host-facts.txt" 2>&1
 MODEL=${GPUREADY_GPU_MODEL:-/tmp/gpuready-llama-1b}
 [ -f "$MODEL/model.safetensors" ] || python3 tests/tiny_model.py --size 1b "$MODEL" >> "$OUT/host-facts.txt" 2>&1
-timeout "${GPUREADY_BASELINE_BUDGET_S:-500}" python3 benchmarks/bench_baseline_noise.py --runs "${GPUREADY_BASELINE_RUNS:-10}" \
+timeout "${BASELINE_BUDGET_S:-500}" python3 benchmarks/bench_baseline_noise.py --runs "${BASELINE_RUNS:-10}" \
   --model "$MODEL" --max-model-len 2048 --vllm-args "--enforce-eager --gpu-memory-utilization 0.5" \
-  --levels 1,16 --requests 8,32 --json "$OUT/baseline-gpu.json" ${GPUREADY_BASELINE_RESTART:+--restart} 2>&1 \
+  --levels 1,16 --requests 8,32 --json "$OUT/baseline-gpu.json" ${BASELINE_RESTART:+--restart} 2>&1 \
   | tee "$OUT/baseline-gpu.log"
 echo "bench rc=${PIPESTATUS[0]}"

@@ -34,6 +34,13 @@ from pytest_gpuready.host.clock_events import ClockEventRecord
 from pytest_gpuready.host.hosts import Host
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.plugin import settings as s
+from pytest_gpuready.plugin.options import (
+    BASELINE_SETTINGS,
+    GPUREADY_BASELINE,
+    GPUREADY_BASELINE_SAVE,
+    GPUREADY_COMPARE_FAIL,
+    GPUREADY_GITHUB_BENCHMARK,
+)
 from pytest_gpuready.plugin.recording import CURRENT_ITEM_KEY, PAYLOAD_ATTRIBUTE, plain, record
 from pytest_gpuready.plugin.summary import MAX_WIDTH, fit
 from pytest_gpuready.serve import baseline as store
@@ -44,46 +51,12 @@ from pytest_gpuready.serve.compare import (
     METRICS,
     Tolerances,
     parse_percent,
-    parse_tolerances,
     rounds_needed,
     samples_of,
 )
 from pytest_gpuready.serve.regression import LevelComparison, judge_level
 from pytest_gpuready.serve.spec import ServeSpec
 
-
-def _parse_tolerances(text: str) -> dict[str, float] | None:
-    return parse_tolerances(text) if text.strip() else None
-
-
-GPUREADY_BASELINE = s.Setting(
-    "gpuready_baseline", "--gpuready-baseline", "GPUREADY_BASELINE", "gpuready_baseline",
-    "Compare every benchmark_serving level with the one stored in this JSON file (per test, server "
-    "and concurrency, with the key that makes it comparable); docs/fixtures/benchmark_serving.md.",
-    s.parse_optional_str, None, metavar="PATH",
-)
-GPUREADY_BASELINE_SAVE = s.Setting(
-    "gpuready_baseline_save", "--gpuready-baseline-save", "GPUREADY_BASELINE_SAVE", "gpuready_baseline_save",
-    "Write this run's benchmark levels into the --gpuready-baseline file (new levels, and levels whose "
-    "key changed, are stored; a regressed or throttled level is not).",
-    s.parse_bool, False, is_flag=True,
-)
-GPUREADY_COMPARE_FAIL = s.Setting(
-    "gpuready_compare_fail", "--gpuready-compare-fail", "GPUREADY_COMPARE_FAIL", "gpuready_compare_fail",
-    "Tolerance per metric before a level regresses, e.g. output_tok_s:5%,ttft_p99:20% (a bare 15% sets "
-    "all; default 10% each). Metrics: " + ", ".join(METRIC_BY_NAME) + ".",
-    _parse_tolerances, None, metavar="METRIC:PERCENT,...",
-    expected="METRIC:PERCENT[,...] like output_tok_s:5%,ttft_p99:20%",
-)
-GPUREADY_GITHUB_BENCHMARK = s.Setting(
-    "gpuready_github_benchmark", "--gpuready-github-benchmark", "GPUREADY_GITHUB_BENCHMARK",
-    "gpuready_github_benchmark",
-    "Write every benchmark level as github-action-benchmark JSON into this directory: "
-    "bigger-is-better.json (tool customBiggerIsBetter) and smaller-is-better.json (customSmallerIsBetter).",
-    s.parse_optional_str, None, metavar="DIR",
-)
-BASELINE_SETTINGS: tuple[s.Setting[Any], ...] = (GPUREADY_BASELINE, GPUREADY_BASELINE_SAVE, GPUREADY_COMPARE_FAIL,
-                                                 GPUREADY_GITHUB_BENCHMARK)
 DEFAULT_BASELINE_ROUNDS = rounds_needed()
 """Rounds per level when a baseline is used and the test names none: the fewest with which the
 rank test can reach p < 0.002 (7)."""
