@@ -6,7 +6,7 @@ import fnmatch
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 from typing import Any
 
@@ -297,16 +297,16 @@ def fp8_partitions(model: ModelSpec, tp: int, ep: bool = False,
     return parts
 
 
-def _fp8_loads(model: ModelSpec, tp: int, ep: bool, version: VllmVersion | None,
-               capability: tuple[int, int] | None, dp: int = 1) -> bool:
-    """Whether TP (with EP, DP) loads as far as TP and the FP8 blocks go; kept per model where the
-    spec is hashable, because every failing layout asks it for each TP around its own (the
-    nearest that loads)."""
+def _fp8_loads_for(model: ModelSpec) -> Callable[..., bool]:
+    """:func:`_fp8_loads_now` for ``model``, its answers kept per model: every failing layout asks
+    it for each TP around its own (the nearest that loads), and the matrix of layouts asks for the
+    same TPs again. The weights' sizes play no part (and hold mappings, which cannot be a key)."""
+    config_only = replace(model, weights=None) if model.weights is not None else model
     try:
-        hash(model)
-    except TypeError:  # a spec built with a mapping in it (e.g. extra config): judged afresh
-        return _fp8_loads_now(model, tp, ep, version, capability, dp)
-    return _fp8_loads_kept(model, tp, ep, version, capability, dp)
+        hash(config_only)
+    except TypeError:  # a spec built by hand with a mapping in it: judged afresh
+        return partial(_fp8_loads_now, model)
+    return partial(_fp8_loads_kept, config_only)
 
 
 def _fp8_loads_now(model: ModelSpec, tp: int, ep: bool, version: VllmVersion | None,
@@ -317,33 +317,34 @@ def _fp8_loads_now(model: ModelSpec, tp: int, ep: bool, version: VllmVersion | N
     return not any(p.error or p.needs for p in parts)
 
 
-_fp8_loads_kept = lru_cache(maxsize=4096)(_fp8_loads_now)
+_fp8_loads_kept = lru_cache(maxsize=1 << 16)(_fp8_loads_now)
 
 
 def _nearest_loading(model: ModelSpec, tp: int, ep: bool, version: VllmVersion | None,
                      capability: tuple[int, int] | None, dp: int = 1) -> list[int]:
     """The nearest TP below ``tp`` that loads, and the nearest above it (up to 2 x TP): at TP=3,
     ``[2, 4]`` where both load (not the first power of two below, which may be far)."""
-    below = next((t for t in range(tp - 1, 0, -1) if _fp8_loads(model, t, ep, version, capability, dp)), None)
-    above = next((t for t in range(tp + 1, 2 * tp + 1) if _fp8_loads(model, t, ep, version, capability, dp)),
-                 None)
+    loads = _fp8_loads_for(model)
+    below = next((t for t in range(tp - 1, 0, -1) if loads(t, ep, version, capability, dp)), None)
+    above = next((t for t in range(tp + 1, 2 * tp + 1) if loads(t, ep, version, capability, dp)), None)
     return [t for t in (below, above) if t is not None]
 
 
 def _alternatives(model: ModelSpec, tp: int, ep: bool, version: VllmVersion | None,
                   capability: tuple[int, int] | None, dp: int = 1) -> list[str]:
     options = []
+    loads = _fp8_loads_for(model)
     nearest = _nearest_loading(model, tp, ep, version, capability, dp)
     if nearest:
         options.append(" or ".join(f"TP={t}" for t in nearest) + (" with --enable-expert-parallel" if ep else ""))
-    if not ep and model.is_moe and _fp8_loads(model, tp, True, version, capability, dp):
+    if not ep and model.is_moe and loads(tp, True, version, capability, dp):
         options.append(f"TP={tp} with --enable-expert-parallel")
     if version is not None and not FP8_MOE_REFINEMENT.is_new(version):
-        if _fp8_loads(model, tp, ep, None, max(capability or MIN_FP8_CAPABILITY, MIN_FP8_CAPABILITY), dp):
+        if loads(tp, ep, None, max(capability or MIN_FP8_CAPABILITY, MIN_FP8_CAPABILITY), dp):
             gpu = "" if capability is None or capability >= MIN_FP8_CAPABILITY else " on an SM89+ GPU"
             options.append(f"TP={tp} on vLLM >= 0.29{gpu} (re-grids the MoE block scales)")
     elif capability is not None and capability < MIN_FP8_CAPABILITY \
-            and _fp8_loads(model, tp, ep, version, MIN_FP8_CAPABILITY, dp):
+            and loads(tp, ep, version, MIN_FP8_CAPABILITY, dp):
         options.append(f"TP={tp} on an SM89+ GPU (Triton MoE takes the re-gridded blocks)")
     return options
 
