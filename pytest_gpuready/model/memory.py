@@ -307,20 +307,57 @@ def sampler_bytes(model: ModelSpec, requests: int, version: VllmVersion | None =
     return requests * model.vocab_size * per_logit
 
 
+DS_MLA_BYTES_PER_TOKEN = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
+"""Bytes per token per layer of the DeepSeek sparse-MLA pages, which pack NoPE, RoPE and scales into
+one blob (``MLAAttention.get_kv_cache_spec``: ``state_content_bytes``,
+``vllm/model_executor/layers/attention/mla_attention.py`` 0.32)."""
+
+
+def nvfp4_head_bytes(head_size: int) -> int:
+    """One KV head's bytes per token per side with ``--kv-cache-dtype nvfp4``: packed FP4 data and
+    one FP8 scale per 16 elements, ``head_size // 2 + head_size // 16`` (``nvfp4_kv_cache_full_dim``,
+    ``vllm/utils/torch_utils.py``; ``FlashInferBackend.customize_spec`` makes K and V one slot each)."""
+    return head_size // 2 + head_size // 16
+
+
+def kv_unsized_reason(model: ModelSpec, kv_cache_dtype: str) -> str | None:
+    """Why this module cannot size the KV pages of ``kv_cache_dtype`` for ``model`` (the resolved
+    dtype); None when it can."""
+    if kv_cache_dtype == "nvfp4" and model.is_mla:
+        return (f"the KV page of --kv-cache-dtype nvfp4 on an MLA model ({model.name}) is not modelled: vLLM "
+                "sizes NVFP4 pages per KV head (FlashInfer), and an MLA latent's nvfp4 layout is nvfp4_ds_mla "
+                "(352 bytes per token per layer)")
+    if kv_cache_dtype == "nvfp4_ds_mla" and not model.is_mla:
+        return (f"--kv-cache-dtype nvfp4_ds_mla is a DeepSeek sparse-MLA page layout; {model.name} has no MLA "
+                "attention, and its page is not modelled")
+    return None
+
+
 def kv_bytes_per_token(model: ModelSpec, tp: int, kv_dtype_bytes: int, fp8_ds_mla: bool = False,
-                       pp: int = 1, draft_layers: int = 0) -> int:
+                       pp: int = 1, draft_layers: int = 0, *, kv_cache_dtype: str = "auto") -> int:
     """KV-cache bytes one token takes on one GPU (``AttentionSpec.real_page_size_bytes`` /
     ``MLAAttentionSpec``, ``vllm/v1/kv_cache_interface.py``): GQA ``2 x layers x max(1, kv_heads //
     tp) x head_dim x bytes``; MLA ``layers x (kv_lora_rank + qk_rope_head_dim) x bytes`` on every
     rank; with PP, the layers of the largest stage; a speculative draft's layers keep their own
     pages (``draft_layers``, on the last stage). ``kv_dtype_bytes`` is the KV element's size: with
-    ``--kv-cache-dtype auto`` the *served* dtype's, so ``--dtype float32`` makes it 4."""
+    ``--kv-cache-dtype auto`` the *served* dtype's, so ``--dtype float32`` makes it 4.
+    ``kv_cache_dtype`` (resolved) picks the packed layouts: ``nvfp4`` (:func:`nvfp4_head_bytes`
+    per head) and the DeepSeek sparse-MLA pages (:data:`DS_MLA_BYTES_PER_TOKEN`); a layout
+    :func:`kv_unsized_reason` names raises ValueError with that reason."""
+    unsized = kv_unsized_reason(model, kv_cache_dtype)
+    if unsized is not None:
+        raise ValueError(unsized)
     layers = math.ceil(model.num_layers / max(1, pp)) + draft_layers
     if model.is_mla:
         if fp8_ds_mla:
-            return layers * 656
+            return layers * DS_MLA_BYTES_PER_TOKEN["fp8_ds_mla"]
+        if kv_cache_dtype in DS_MLA_BYTES_PER_TOKEN:
+            return layers * DS_MLA_BYTES_PER_TOKEN[kv_cache_dtype]
         return layers * (model.mla_head_size or 0) * kv_dtype_bytes
-    return 2 * layers * max(1, model.num_kv_heads // tp) * model.head_dim * kv_dtype_bytes
+    heads = max(1, model.num_kv_heads // tp)
+    if kv_cache_dtype == "nvfp4":
+        return 2 * layers * heads * nvfp4_head_bytes(model.head_dim)
+    return 2 * layers * heads * model.head_dim * kv_dtype_bytes
 
 
 def warm_up_terms(model: ModelSpec, requests: int, version: VllmVersion | None, dtype_bytes: int,
@@ -420,7 +457,8 @@ def plan_memory(
     outside.extend(warm_up_terms(model, requests, version, dtype_bytes, speculative))
     kv_cache = budget - sum(t.bytes for t in terms)
     per_token = kv_bytes_per_token(model, tp, kv_dtype_bytes, fp8_ds_mla, pp,
-                                   spec.draft_layers if spec is not None else 0)
+                                   spec.draft_layers if spec is not None else 0,
+                                   kv_cache_dtype=settings.kv_cache_dtype)
     tokens = 0
     if kv_cache > 0:
         blocks = kv_cache // (per_token * KV_BLOCK_SIZE)

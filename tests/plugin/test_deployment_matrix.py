@@ -24,8 +24,8 @@ Coverage, and why it is split this way:
   DP=3). Each item's outcome and headline (its ``gpuready.*`` property, and the failure or skip
   message's first line) must equal what ``check_deployment`` says for that layout.
 
-About 50 s on a loaded two-core machine (the matrix ~45 s of it, the pytester run ~6 s); the FP8 rule's answers for nearby TPs are cached per
-model, which is what makes the whole matrix affordable.
+About 50 s on a loaded two-core machine (the matrix ~45 s of it, the pytester run ~6 s); the
+FP8 rule's answers for nearby TPs are cached per model, which is what makes the matrix affordable.
 """
 
 from __future__ import annotations

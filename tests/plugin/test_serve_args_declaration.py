@@ -38,8 +38,6 @@ PLUGIN = ("-p", "no:cacheprovider")
 UNMODELLED = (("--trust-remote-code",), ("--seed", "7"), ("--disable-log-stats",), ("--swap-space", "4"),
               ("--served-model-name-suffix=x",))
 """Flags the declaration does not model (the last is made up: unknown flags pass through too)."""
-SIZED_KV_DTYPES = tuple(kv for kv in KV_CACHE_DTYPES if not kv.startswith("nvfp4"))
-"""The KV dtypes the memory model sizes (the planner judges memory on every row; nvfp4 KV is not modelled)."""
 LAUNCH = '''
 import pytest
 from pytest_gpuready.errors import GpuReadyError
@@ -68,7 +66,7 @@ def deployment(draw: st.DrawFn, index: int) -> dict[str, Any]:
     values: dict[str, Any] = {
         "tp": tp, "pp": pp, "dp": dp,
         "ep": draw(st.booleans()) if tp * dp > 1 else False,
-        "kv_cache_dtype": draw(st.sampled_from(SIZED_KV_DTYPES)),
+        "kv_cache_dtype": draw(st.sampled_from(KV_CACHE_DTYPES)),
         "dtype": draw(st.sampled_from(DTYPES)),
         "quantization": draw(st.sampled_from([None, "fp8", "bitsandbytes"])),
         "max_model_len": draw(st.one_of(st.none(), st.integers(1, 32768))),

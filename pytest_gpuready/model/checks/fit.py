@@ -166,6 +166,13 @@ def memory_fit(model: ModelSpec, snapshot: HostSnapshot, args: ServeArgs, *, gpu
                    f"{memory.NEWEST_READ[0]}.{memory.NEWEST_READ[1]} (--vllm-version), the range the "
                    "memory accounting models"), rule_set=f"no memory rule set covers vLLM {version}")
     kv = effective_kv_cache_dtype(model, args.kv_cache_dtype, version)
+    unsized = memory.kv_unsized_reason(model, kv.name)
+    if unsized is not None:
+        evidence["kv_cache_dtype"] = kv.name
+        return Verdict.undecided(
+            f"{model.name} at {layout}: memory fit undecided: {unsized}", evidence=evidence,
+            needs=("a --kv-cache-dtype whose KV page the memory model sizes (auto, bfloat16, float16, fp8*, "
+                   "nvfp4 on GQA attention, fp8_ds_mla or nvfp4_ds_mla on MLA)"), rule_set=MEMORY_RULES)
     errors: list[str] = []
     warnings: list[str] = list(length_verdict.warnings)
     per_gpu: list[dict[str, Any]] = []
