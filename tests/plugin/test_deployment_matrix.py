@@ -1,9 +1,10 @@
 """The ``deployment`` marker, the built-in suite and ``check_deployment`` agree on every layout.
 
-The matrix: every public config of tests/data/configs (15, with their ``hf_quant_config.json``)
-and both example models (examples/models), each at every layout of TP 1-16 with and without EP,
-DP 1-4, PP 1-2 and each KV-cache dtype of the declaration (2,560 layouts), each with no GPU
-architecture known, on SM90 and on SM120: 17 x 2,560 x 3 = 130,560 judgements.
+The matrix: every public config of tests/data/configs (17 today, with their
+``hf_quant_config.json``) and both example models (examples/models), each at every layout of TP
+1-16 with and without EP, DP 1-4, PP 1-2 and each KV-cache dtype of the declaration (2,560
+layouts), each with no GPU architecture known, on SM90 and on SM120: 19 x 2,560 x 3 = 145,920
+judgements.
 
 Coverage, and why it is split this way:
 
@@ -188,7 +189,10 @@ def matrix(tmp_path_factory: pytest.TempPathFactory) -> list[Judged]:
 
 
 def test_every_layout_reaches_the_rules_alike(matrix: list[Judged]) -> None:
-    assert len(matrix) == len(_models_seen(matrix)) * len(ARCHS) * len(LAYOUTS) == 17 * 3 * 2560
+    configs = [c for c in CONFIGS.glob("*.json") if not c.name.endswith(".hf_quant_config.json")]
+    examples = [d for d in EXAMPLES.iterdir() if (d / "config.json").exists()]
+    assert len(_models_seen(matrix)) == len(configs) + len(examples)
+    assert len(matrix) == (len(configs) + len(examples)) * len(ARCHS) * len(LAYOUTS)
     per_model = len(ARCHS) * len(LAYOUTS)
     for index, (arch, layout) in enumerate(itertools.product(ARCHS, LAYOUTS)):
         deployment = matrix[index].deployment  # the deploy file's reading is the same for every model
