@@ -53,7 +53,7 @@ def _flag_words(name: str, value: Any, inline: bool) -> list[str]:
     arg = ARGS[name]
     if arg.kind == "bool":
         return [arg.flag]
-    text = f"{value:g}" if isinstance(value, float) else str(value)
+    text = f"{value:g}" if isinstance(value, float) else json.dumps(value) if isinstance(value, dict) else str(value)
     return [f"{arg.flag}={text}"] if inline else [arg.flag, text]
 
 
@@ -74,6 +74,9 @@ def deployment(draw: st.DrawFn, index: int) -> dict[str, Any]:
         "max_num_batched_tokens": draw(st.one_of(st.none(), st.integers(1, 65536))),
         "gpu_memory_utilization": draw(st.sampled_from([0.5, 0.85, 0.9, 0.95, 1.0])),
         "enforce_eager": draw(st.booleans()),
+        "speculative_config": draw(st.sampled_from([
+            None, {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4},
+            {"method": "eagle", "num_speculative_tokens": 3, "model": "drafts/eagle head"}])),
     }
     entry: dict[str, Any] = {"name": f"d{index}", "model": "models/mixtral", "gpus": list(range(tp * pp * dp))}
     serve: dict[str, Any] = {"env": {"GPUREADY_STANDIN_TAG": f"d{index}"}}
