@@ -133,3 +133,9 @@ def test_the_planner_plans_with_it(tmp_path: Path, capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit):
         main(["plan", str(model_dir), "--gpus", "2xH200", "--speculative-config", "eagle"])
     assert "argument --speculative-config: 'eagle': expected a JSON object like" in capsys.readouterr().err
+
+
+def test_the_report_record_is_plain_json() -> None:
+    spec = ServeSpec("models/llama", args=ServeArgs(speculative_config=SpeculativeConfig.parse(EAGLE)))
+    data = json.loads(json.dumps(spec.to_dict()))
+    assert data["speculative_config"] == data["serve_args"]["speculative_config"] == EAGLE
