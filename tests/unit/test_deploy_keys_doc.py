@@ -39,3 +39,29 @@ def test_the_loader_takes_exactly_the_declared_keys() -> None:
     assert set(keys(SERVE)) <= set(SERVE_KEYS)
     assert set(keys(DEPLOYMENT)) | set(keys(SERVE)) == set(ARGS)
     assert not set(keys(SERVE)) & set(DEPLOYMENT_KEYS)
+
+
+def test_the_serve_spec_pages_example_prints_what_it_shows() -> None:
+    """docs/serve_spec.md's example, run: each expression's value is the one its comment shows."""
+    import ast
+
+    page = PAGE.parent.parent / "serve_spec.md"
+    [block] = re.findall(r"```python\n(.*?)```", page.read_text(), re.DOTALL)[:1]
+    statements: list[str] = []
+    shown: list[tuple[str, str]] = []
+    previous_was_comment = False
+    for line in block.splitlines():
+        if line.startswith("# "):
+            if previous_was_comment:
+                shown[-1] = (shown[-1][0], shown[-1][1] + line[2:])
+            else:  # the comment shows the value of the expression on the line above
+                shown.append((statements.pop(), line[2:]))
+            previous_was_comment = True
+        else:
+            statements.append(line)
+            previous_was_comment = False
+    namespace: dict[str, object] = {}
+    exec("\n".join(statements), namespace)  # the page's code, as a user pastes it
+    assert len(shown) == 3
+    for expression, text in shown:
+        assert eval(expression, namespace) == ast.literal_eval(text), expression
