@@ -37,6 +37,11 @@ def save_plots(document: Mapping[str, Any], directory: Path) -> list[Path]:
     return written
 
 
+def require_matplotlib() -> None:
+    """Raise ImportError unless the ``plot`` extra is installed (asked before any test runs)."""
+    import matplotlib  # noqa: F401
+
+
 def _pyplot() -> Any:
     import matplotlib
 
