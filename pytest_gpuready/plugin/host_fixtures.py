@@ -26,7 +26,7 @@ from pytest_gpuready.host.checks import (
 )
 from pytest_gpuready.host.host_list import display_names, merge_hosts, read_hosts_file
 from pytest_gpuready.host.hosts import Host, HostSpec, parse_host_spec, validate_ssh_option
-from pytest_gpuready.host.orphans import find_orphans, reap_orphans
+from pytest_gpuready.host.orphans import find_orphans, find_running_engines, reap_orphans, spared_line
 from pytest_gpuready.host.probe import DEFAULT_PROBE_TIMEOUT_S, READERS
 from pytest_gpuready.host.shm import LEAK_PATTERNS, remove_leftovers, shm_display_name
 from pytest_gpuready.host.snapshot import HostSnapshot
@@ -146,9 +146,10 @@ SHM_REMOVE_LEFTOVERS = s.Setting(
 
 GPU_REAP_ORPHANS = s.Setting(
     "gpu_reap_orphans", "--gpu-reap-orphans", "GPUREADY_GPU_REAP_ORPHANS", "gpu_reap_orphans",
-    "Before the GPU checks, stop orphaned vLLM engines (VLLM::EngineCore / VLLM::Worker whose API server is "
-    "gone) that hold GPU memory: SIGTERM, then SIGKILL, each re-checked on the host right before; says what it "
-    "stopped (default: stop nothing).",
+    "Before the GPU checks, stop orphaned vLLM engines (VLLM::EngineCore / VLLM::Worker whose owner is gone: "
+    "parent pid 1 or a subreaper; an engine with a live parent is a running job, never signalled) that hold "
+    "GPU memory: SIGTERM, then SIGKILL, each re-checked on the host right before; says what it stopped and "
+    "what it left running (default: stop nothing).",
     s.parse_bool, False, is_flag=True,
 )
 
@@ -158,6 +159,9 @@ HOST_SETTINGS: tuple[s.Setting[Any], ...] = (
 )
 
 REAP_RELEASE_TIMEOUT_S = 60.0
+
+_SPARED_SAID = pytest.StashKey[set[tuple[str, int, "int | None"]]]()
+"""The running engines the reaper has already said it leaves alone (host, pid, start time): said once a run."""
 """How long the driver may take to release a stopped engine's memory before the check reads the GPU."""
 
 MARKERS = (
@@ -279,13 +283,22 @@ def snapshot_for_gpu_checks(config: pytest.Config, session: HostSession, node: p
                             ) -> HostSnapshot:
     """The host's snapshot; with ``--gpu-reap-orphans``, taken after orphaned vLLM engines were stopped.
 
-    The reaper signals only what :func:`~pytest_gpuready.host.orphans.find_orphans` proves orphaned,
-    re-checking each on the host right before each signal; then the host is probed again (polling
-    until the stopped pids have left the GPU listing) and what was stopped is printed and recorded.
+    The reaper signals only what :func:`~pytest_gpuready.host.orphans.find_orphans` proves orphaned
+    (the process that started it is gone), re-checking each on the host right before each signal,
+    and says once which GPU-holding engines it leaves alone because their owner is alive; then the
+    host is probed again (polling until the stopped pids have left the GPU listing) and what was
+    stopped is printed and recorded.
     """
     snap = session.snapshot()
     if not GPU_REAP_ORPHANS.get(config):
         return snap
+    said = config.stash.setdefault(_SPARED_SAID, set())
+    running = [e for e in find_running_engines(snap)
+               if (session.host.name, e.process.pid, e.process.start_ticks) not in said]
+    line = spared_line(session.host.name, running)
+    if line is not None:
+        said.update((session.host.name, e.process.pid, e.process.start_ticks) for e in running)
+        _say(config, line)
     orphans = find_orphans(snap)
     if not orphans:
         return snap
