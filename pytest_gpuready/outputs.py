@@ -103,7 +103,7 @@ def check_output(raw: str, base: Path | None = None, what: str = "file") -> Outp
     path = Path(base or ".", os.path.expanduser(raw))
     try:
         status = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         if path.is_symlink():  # a dangling symlink: write where it points, keeping the link
             path = Path(os.path.realpath(path))
         _check_folder(shown, path.parent)
@@ -128,7 +128,7 @@ def check_output_folder(raw: str, base: Path | None = None, what: str = "folder"
     path = Path(base or ".", os.path.expanduser(raw))
     try:
         status = os.stat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         _check_folder(raw, path)
         return path
     except OSError as exc:

@@ -20,6 +20,7 @@ from pytest_gpuready.model.backends import parse_gpu_arch
 from pytest_gpuready.model.deploy_config import ServeArgs, _human_int
 from pytest_gpuready.model.spec import inspect_model
 from pytest_gpuready.model.vllm_version import parse_vllm_version
+from pytest_gpuready.outputs import OutputRefused, check_output, written_to
 from pytest_gpuready.plan.deploy_writer import deploy_document, write_deploy
 from pytest_gpuready.plan.planner import plan_layouts
 from pytest_gpuready.plan.presets import parse_gpus, preset_snapshot
@@ -94,6 +95,11 @@ def _plan(argv: Sequence[str] | None) -> int:
     except ValueError as exc:
         print(f"gpuready plan: --vllm-version: {exc}", file=sys.stderr)
         return 2
+    try:  # judged before the plan is made, as pytest judges --gpuready-report before any test
+        deploy_output = check_output(args.write_deploy, what="deploy file") if args.write_deploy else None
+    except OutputRefused as exc:
+        print(f"gpuready plan: --write-deploy {exc}", file=sys.stderr)
+        return 2
     try:
         model = inspect_model(args.model_dir)
         if args.gpus:
@@ -119,12 +125,16 @@ def _plan(argv: Sequence[str] | None) -> int:
             "rules: newest (vLLM version unknown; pass --vllm-version)")
     print(format_table(rows, model, snap.host, note, all_commands=args.commands))
     working = [row for row in rows if row.ok]
-    if args.write_deploy:
+    if deploy_output is not None:
         if not working:
             print(f"gpuready plan: no layout works; {args.write_deploy} not written", file=sys.stderr)
             return 1
         chosen = working[:max(1, args.choose)]
-        write_deploy(args.write_deploy, deploy_document(
-            model.name, args.model_dir, chosen, serve=serve, capability=chosen[0].capability, version=version))
-        print(f"\nwrote {min(len(working), max(1, args.choose))} deployment(s) to {args.write_deploy}")
+        try:
+            write_deploy(deploy_output, deploy_document(
+                model.name, args.model_dir, chosen, serve=serve, capability=chosen[0].capability, version=version))
+        except OutputRefused as exc:
+            print(f"gpuready plan: --write-deploy {exc}", file=sys.stderr)
+            return 2
+        print(f"\nwrote {min(len(working), max(1, args.choose))} deployment(s) to {written_to(deploy_output)}")
     return 0 if working else 1

@@ -144,6 +144,9 @@ class ReportCollector:
                 self.data.add_host_state(host_state(host, None))
         document = self.data.document(int(exitstatus))
         if self.report is not None:
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            if self.report.kind == "stdout" and reporter is not None:
+                reporter.ensure_newline()  # after the progress line ("test_x.py .  [100%]"), not on it
             try:
                 write_output(self.report, json.dumps(document, indent=2) + "\n")
                 self.written.append((f"gpuready: report written to {written_to(self.report)}", False))

@@ -50,7 +50,8 @@ def test_the_reaper_leaves_a_running_llm_job_and_its_engine_alone(
         engine = int((state / "engine.pid").read_text())
         engine_start = process_start_time(LocalHost(), engine)
         job_start = process_start_time(LocalHost(), job.pid)
-        assert engine_start is not None and job_start is not None
+        assert engine_start is not None
+        assert job_start is not None
 
         standin("h200-orphan-enginecore")
         monkeypatch.setenv("GPUREADY_STANDIN_PIDS", f"3504={engine}")
