@@ -179,6 +179,9 @@ class ModelFiles:
     """Side files (config.json, ...) that exist but could not be read, with the cause."""
     directory_error: str | None = None
     """Why the path is not a readable directory (a symlink loop, a file, not found), if it is not."""
+    index_problems: tuple[str, ...] = ()
+    """What is wrong with the index file itself (also in :attr:`problems`): where there are no
+    shard headers, the index is all there is to size the weights from, so these are errors."""
 
     @property
     def has_weights(self) -> bool:
@@ -357,8 +360,17 @@ def _parse_index(name: str, text: str) -> tuple[dict[str, str], int | None, list
                 for shard in sorted(set(weight_map.values()))
                 if "/" in shard or "\\" in shard or shard in ("", ".", "..")]
     metadata = index.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        problems.append(f"{name}: key 'metadata' is {excerpt(metadata)}; expected an object (with total_size)")
     total = metadata.get("total_size") if isinstance(metadata, dict) else None
-    return dict(weight_map), total if isinstance(total, int) else None, problems
+    if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total <= 0):
+        # A string ("539000000000"), a negative or a boolean total is a broken index, never "no total":
+        # planning from the config instead would show 1.9 GiB per GPU for a 502 GiB checkpoint.
+        shown = json.dumps(total) if isinstance(total, (str, int, float, bool)) else excerpt(total)
+        problems.append(f"{name}: key 'metadata.total_size' is {shown[:80]}; expected the checkpoint's "
+                        "size in bytes, a whole number > 0")
+        total = None
+    return dict(weight_map), total, problems
 
 
 def analyse_directory(raw: RawDirectory) -> ModelFiles:
@@ -373,6 +385,7 @@ def _analyse_directory(raw: RawDirectory) -> ModelFiles:
     side_errors = {name: error for name, error in raw.errors.items() if name in SIDE_FILES}
     weight_map: dict[str, str] = {}
     index_total: int | None = None
+    index_problems: list[str] = []
     if raw.index_name is not None and raw.index_text is not None:
         parsed = raw.parsed_index or _parse_index(raw.index_name, raw.index_text)
         weight_map, index_total, index_problems = parsed
@@ -392,7 +405,7 @@ def _analyse_directory(raw: RawDirectory) -> ModelFiles:
         problems += _index_consistency(raw.index_name or INDEX_NAME, weight_map, shards)
     return ModelFiles(raw.path, dict(raw.side_files), raw.index_name, tuple(names), tuple(shards),
                       tuple(problems), index_total, raw.is_directory, side_errors,
-                      None if raw.is_directory else raw.errors.get("."))
+                      None if raw.is_directory else raw.errors.get("."), tuple(index_problems))
 
 
 def _index_consistency(index_name: str, weight_map: Mapping[str, str],

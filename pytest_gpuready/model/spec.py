@@ -208,6 +208,38 @@ class ModelSpec:
         return f"{self.name} ({self.text_model_type}, {self.num_layers} layers, {kind}{moe}, {quant})"
 
 
+_WIDTH = 1 << 20
+SIZE_LIMITS: Mapping[str, int] = {
+    "num_hidden_layers": 1024,            # the deepest released LLMs have under 200
+    "num_nextn_predict_layers": 64,       # DeepSeek-V3 / GLM: 1
+    "first_k_dense_replace": 1024,
+    "hidden_size": 1 << 17,               # the widest: 18432 (Nemotron-4 340B)
+    "num_attention_heads": 1 << 12,       # DeepSeek-V3: 128
+    "num_key_value_heads": 1 << 12,
+    "head_dim": 1 << 12,                  # 64-256; MLA's 576 is kv_lora_rank + rope
+    "vocab_size": 1 << 22,                # the largest: 262144 (Gemma 3)
+    "intermediate_size": _WIDTH,          # the widest: 73728 (Nemotron-4 340B)
+    "moe_intermediate_size": _WIDTH,
+    "shared_expert_intermediate_size": _WIDTH,
+    "shared_intermediate_size": _WIDTH,
+    "n_routed_experts": 1 << 16,          # Kimi-K2: 384
+    "num_experts": 1 << 16,
+    "num_local_experts": 1 << 16,
+    "n_shared_experts": 1 << 10,
+    "num_experts_per_tok": 1 << 16,
+    "kv_lora_rank": 1 << 16,              # DeepSeek-V3: 512
+    "q_lora_rank": 1 << 16,
+    "qk_rope_head_dim": 1 << 16,
+    "qk_nope_head_dim": 1 << 16,
+    "v_head_dim": 1 << 16,
+    "index_topk": 1 << 24,
+    "max_position_embeddings": 1 << 34,   # the longest declared: 10M tokens (Llama 4 Scout)
+}
+"""The largest value each size key of a config may have: orders of magnitude above every released
+model, so a real config always passes, and a typo or a hostile config (``num_hidden_layers:
+1000000000000000000``) is a one-line error instead of a plan of absurd figures."""
+
+
 class _Keys:
     """Typed access to one config object, with one-line errors naming file, key and expectation."""
 
@@ -231,12 +263,16 @@ class _Keys:
     def integer(self, key: str, *, required: bool = False, minimum: int = 0,
             meaning: str = "") -> int | None:
         value, shown = self._lookup(key)
-        expected = f"a whole number >= {minimum}" + (f" ({meaning})" if meaning else "")
+        maximum = SIZE_LIMITS.get(key)
+        bounds = f"a whole number >= {minimum}" if maximum is None else f"a whole number from {minimum} to {maximum}"
+        notes = [note for note in (meaning, "no model has more" if maximum is not None else "") if note]
+        expected = bounds + (f" ({'; '.join(notes)})" if notes else "")
         if value is None:
             if required:
                 raise self.error(shown if key in self.data else f"{self.prefix}{key}", None, expected)
             return None
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        if (isinstance(value, bool) or not isinstance(value, int) or value < minimum
+                or (maximum is not None and value > maximum)):
             raise self.error(shown, value, expected)
         return value
 
@@ -606,7 +642,9 @@ def spec_from_files(files: ModelFiles, where: str) -> ModelSpec:
     if files.shards:
         return replace(spec, weights=weights_from_files(files, spec.num_layers))
     # No safetensors headers here (a config-only directory, perhaps with the index): plan from
-    # the index's total_size or the architecture.
+    # the index's total_size or the architecture; a broken index is an error, not "no index".
+    if files.index_problems:
+        raise ConfigError(f"{where}/{files.index_problems[0]}")
     return replace(spec, weights=derived_weights_for(spec, files.index_total_size, files.index_name))
 
 

@@ -22,7 +22,7 @@ from pytest_gpuready.model.spec import inspect_model
 from pytest_gpuready.model.vllm_version import parse_vllm_version
 from pytest_gpuready.outputs import OutputRefused, check_output, written_to
 from pytest_gpuready.plan.deploy_writer import deploy_document, write_deploy
-from pytest_gpuready.plan.planner import plan_layouts
+from pytest_gpuready.plan.planner import plan_layouts, planned_gpus
 from pytest_gpuready.plan.presets import parse_gpus, preset_snapshot
 from pytest_gpuready.plan.table import format_table
 
@@ -47,8 +47,8 @@ def _fraction(text: str) -> float:
 def _arch(text: str) -> tuple[int, int]:
     try:
         return parse_gpu_arch(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected sm90, sm120 or a compute capability like 8.6") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -123,6 +123,9 @@ def _plan(argv: Sequence[str] | None) -> int:
                         capability=args.gpu_arch, allow_long_max_model_len=allow_long)
     note = (f"rules: vLLM {version}" if version else
             "rules: newest (vLLM version unknown; pass --vllm-version)")
+    _, cut = planned_gpus(snap)
+    if cut is not None:
+        note += f"\n{cut}"
     print(format_table(rows, model, snap.host, note, all_commands=args.commands))
     working = [row for row in rows if row.ok]
     if deploy_output is not None:
