@@ -263,17 +263,17 @@ class _Keys:
     def integer(self, key: str, *, required: bool = False, minimum: int = 0,
             meaning: str = "") -> int | None:
         value, shown = self._lookup(key)
-        maximum = SIZE_LIMITS.get(key)
-        bounds = f"a whole number >= {minimum}" if maximum is None else f"a whole number from {minimum} to {maximum}"
-        notes = [note for note in (meaning, "no model has more" if maximum is not None else "") if note]
-        expected = bounds + (f" ({'; '.join(notes)})" if notes else "")
+        expected = f"a whole number >= {minimum}" + (f" ({meaning})" if meaning else "")
         if value is None:
             if required:
                 raise self.error(shown if key in self.data else f"{self.prefix}{key}", None, expected)
             return None
-        if (isinstance(value, bool) or not isinstance(value, int) or value < minimum
-                or (maximum is not None and value > maximum)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise self.error(shown, value, expected)
+        maximum = SIZE_LIMITS.get(key)
+        if maximum is not None and value > maximum:
+            raise self.error(shown, value, f"a whole number from {minimum} to {maximum} ("
+                             + (f"{meaning}; " if meaning else "") + "no model has more)")
         return value
 
     def req(self, key: str, *, minimum: int = 1, meaning: str = "") -> int:

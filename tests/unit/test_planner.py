@@ -236,8 +236,8 @@ def test_bad_gpu_arch_names_the_option(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit) as exit_info:
         main(["plan", str(MINIMAX), "--gpus", "H200", "--gpu-arch", "hopper"])
     assert exit_info.value.code == 2
-    assert "argument --gpu-arch: 'hopper': expected sm90, sm120 or a compute capability like 8.6" in \
-        capsys.readouterr().err
+    assert ("argument --gpu-arch: 'hopper' is not a GPU architecture; expected sm90, sm100, sm120 or a compute "
+            "capability like 9.0 or 12.0") in capsys.readouterr().err
 
 
 def test_missing_model_dir_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
