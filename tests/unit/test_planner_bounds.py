@@ -107,7 +107,8 @@ def test_a_host_listing_ten_thousand_gpus_is_planned_on_64_and_says_so(tmp_path:
                                            "of more than 64 GPUs are multi-node and not enumerated")
     used = {int(g) for line in done.stdout.splitlines() if "CUDA_VISIBLE_DEVICES=" in line
             for g in line.split("CUDA_VISIBLE_DEVICES=")[1].split()[0].split(",")}
-    assert used and max(used) < 64
+    assert used
+    assert max(used) < 64
 
 
 @pytest.mark.parametrize(("total", "shown"), [("539000000000", '"539000000000"'), (-5, "-5"), (True, "true"),
