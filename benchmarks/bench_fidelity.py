@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.perf_docs import replace_section  # noqa: E402
-from pytest_gpuready import LocalHost, ServeSpec, VLLMServer, run_benchmark  # noqa: E402
+from pytest_gpuready import LocalHost, ServeArgs, ServeSpec, VLLMServer, run_benchmark  # noqa: E402
 from tests.tiny_model import SERVED_NAME, write_tiny_llama  # noqa: E402
 
 DOCS = REPO / "docs" / "performance.md"
@@ -137,7 +137,7 @@ def main() -> None:
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="gpuready-fidelity-") as tmp:
         model_dir = write_tiny_llama(Path(tmp) / "tiny-llama")
-        spec = ServeSpec(model=str(model_dir), served_model_name=SERVED_NAME, max_model_len=1024,
+        spec = ServeSpec(model=str(model_dir), served_model_name=SERVED_NAME, args=ServeArgs(max_model_len=1024),
                          command=f"{sys.executable} -m vllm.entrypoints.openai.api_server",
                          env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "OMP_WAIT_POLICY": OMP_WAIT_POLICY})
         server = VLLMServer(spec, LocalHost(), log_dir=Path(tmp) / "logs", progress=print)

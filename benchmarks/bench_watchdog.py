@@ -55,11 +55,11 @@ STUB = "sh -c 'trap \"\" TERM; sleep 600 & sleep 600 & wait' fake-vllm"
 WATCHING = re.compile(r"watchdog pid \d+ on \S+ stops session (\d+) if this process dies first")
 READY = re.compile(r"gpuready: vLLM \S+: ready at ")
 INNER = """
-from pytest_gpuready import ServeSpec
+from pytest_gpuready import ServeArgs, ServeSpec
 
 def test_server(vllm_server):
-    vllm_server(ServeSpec(model={model!r}, served_model_name="bench", max_model_len={max_len}, command={command!r},
-                          env={env!r}))
+    vllm_server(ServeSpec(model={model!r}, served_model_name="bench", args=ServeArgs(max_model_len={max_len}),
+                          command={command!r}, env={env!r}))
 """
 
 

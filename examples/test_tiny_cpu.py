@@ -16,7 +16,7 @@ import os
 
 import pytest
 
-from pytest_gpuready import BenchmarkServing, ServerFactory, ServeSpec, VLLMServer
+from pytest_gpuready import BenchmarkServing, ServeArgs, ServerFactory, ServeSpec, VLLMServer
 
 MODEL = os.environ.get("GPUREADY_EXAMPLE_MODEL")
 
@@ -29,7 +29,7 @@ def server(vllm_server: ServerFactory) -> VLLMServer:
     spec = ServeSpec(
         model=MODEL or "",
         served_model_name="tiny-llama",
-        max_model_len=1024,
+        args=ServeArgs(max_model_len=1024),
         env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},  # 1 GiB of KV cache on the CPU
     )
     return vllm_server(spec)

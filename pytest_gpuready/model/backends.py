@@ -37,6 +37,28 @@ nvfp4 names from 0.33.0:L44-67)."""
 
 FP8_KV_DTYPES = frozenset({"fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"})
 
+KV_DTYPE_ALIASES: dict[str, tuple[Version, dict[str, str]]] = {
+    "DeepseekV32ForCausalLM": ((0, 11), {"fp8": "fp8_ds_mla", "fp8_e4m3": "fp8_ds_mla", "fp8_e5m2": "fp8_ds_mla",
+                                         "bfloat16": "auto"}),
+}
+"""``--kv-cache-dtype`` values a model's config hook rewrites before the backend is chosen, by
+architecture: (since, {given: used}). DeepSeek-V3.2's sparse MLA keeps an FP8 cache only in its
+own ``fp8_ds_mla`` pages, which FLASHMLA_SPARSE accepts: ``DeepseekV32ForCausalLM.
+verify_and_update_config`` (``vllm/model_executor/models/config.py``, from 0.11, when V3.2 arrived)
+turns every ``fp8*`` into ``fp8_ds_mla`` ("Using custom fp8 kv-cache format for DeepSeekV3.2")
+and ``bfloat16`` into ``auto``."""
+
+
+def kv_dtype_alias(architectures: Sequence[str], kv_cache_dtype: str,
+                   version: VllmVersion | None) -> str | None:
+    """The dtype vLLM uses instead of ``kv_cache_dtype`` for this architecture, or None."""
+    for arch in architectures:
+        entry = KV_DTYPE_ALIASES.get(arch)
+        if entry is not None and _at(version) >= entry[0]:
+            return entry[1].get(kv_cache_dtype)
+    return None
+
+
 MIN_FP8_CAPABILITY = (8, 9)
 """``CudaPlatform.supports_fp8()`` is ``has_device_capability(89)`` (``vllm/platforms/cuda.py`` 0.33.0:L587)."""
 

@@ -32,7 +32,7 @@ import errno
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +40,12 @@ import yaml
 
 from pytest_gpuready.errors import ConfigError, excerpt
 from pytest_gpuready.files import MIB, gc_paused, read_text_bounded
-from pytest_gpuready.model.backends import KV_CACHE_DTYPES, parse_gpu_arch
-from pytest_gpuready.model.layout import Layout
+from pytest_gpuready.model import serve_args
+from pytest_gpuready.model.backends import parse_gpu_arch
+from pytest_gpuready.model.serve_args import ARGS, DEPLOYMENT, SERVE, Layout, ServeArgs, field_for_key, human_int
 from pytest_gpuready.model.vllm_version import VllmVersion, parse_vllm_version
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_HUMAN_INT_RE = re.compile(r"^(\d+(?:\.\d+)?)([kKmMgG]?)$")
 
 
 @dataclass(frozen=True)
@@ -79,42 +79,28 @@ class Expectations:
 
 
 @dataclass(frozen=True)
-class ServeArgs:
-    """Arguments for ``vllm serve`` besides the model, TP/EP and KV dtype."""
-
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    gpu_memory_utilization: float = 0.9
-    max_num_batched_tokens: int | None = None
-    dtype: str = "auto"
-    """``--dtype``: auto, bfloat16, float16 or float32 (float32 doubles 16-bit weights)."""
-    quantization: str | None = None
-    """``--quantization``, e.g. fp8 (online FP8 of a 16-bit checkpoint)."""
-    enforce_eager: bool = False
-    extra_args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
 class Deployment:
-    """One named way to serve one model."""
+    """One named way to serve one model: where, on which GPUs, with which serve arguments.
+
+    ``serve`` holds every ``vllm serve`` argument the checks judge (the declaration,
+    :class:`~pytest_gpuready.model.serve_args.ServeArgs`): the layout keys of the file's top level
+    (``tp``, ``pp``, ``dp``, ``ep``, ``kv_cache_dtype``), its ``serve:`` keys, and the modelled flags
+    of ``serve.extra_args``; ``serve.extra_args`` keeps the unmodelled ones. ``tp``, ``pp``, ... are
+    read from it, never stored twice.
+    """
 
     name: str
     model: str
     """The model directory as written in the file."""
     model_path: str
     """Where to read it: relative paths resolved against the deploy file's directory."""
-    tp: int
+    serve: ServeArgs = field(default_factory=ServeArgs)
     gpus: tuple[int, ...] | None = None
-    ep: bool = False
-    pp: int = 1
-    """``--pipeline-parallel-size``: the deployment uses tp x pp GPUs."""
-    dp: int = 1
-    """``--data-parallel-size``: dp engines of tp x pp GPUs each (``gpus`` lists all tp x pp x dp)."""
-    kv_cache_dtype: str = "auto"
+    """Host GPU indexes, all tp x pp x dp of them (``CUDA_VISIBLE_DEVICES`` order)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """``serve.env``: environment variables of the server."""
     gpu_arch: tuple[int, int] | None = None
     vllm_version: VllmVersion | None = None
-    serve: ServeArgs = field(default_factory=ServeArgs)
     expect: Expectations = field(default_factory=Expectations)
     description: str | None = None
     source: str = ""
@@ -125,26 +111,33 @@ class Deployment:
 
     @property
     def layout(self) -> Layout:
-        """How this deployment spreads the model: what every load rule is judged on."""
-        return Layout(tp=self.tp, pp=self.pp, dp=self.dp, ep=self.ep, kv_cache_dtype=self.kv_cache_dtype)
+        """What every load rule judges: the serve arguments (``Layout`` is ``ServeArgs``)."""
+        return self.serve
 
-    def vllm_args(self) -> list[str]:
-        """The ``vllm serve`` arguments this deployment implies (model path first)."""
-        args = [self.model_path, *self.layout.vllm_args()]
-        if self.serve.max_model_len is not None:
-            args += ["--max-model-len", str(self.serve.max_model_len)]
-        if self.serve.max_num_seqs is not None:
-            args += ["--max-num-seqs", str(self.serve.max_num_seqs)]
-        if self.serve.max_num_batched_tokens is not None:
-            args += ["--max-num-batched-tokens", str(self.serve.max_num_batched_tokens)]
-        if self.serve.dtype != "auto":
-            args += ["--dtype", self.serve.dtype]
-        if self.serve.quantization is not None:
-            args += ["--quantization", self.serve.quantization]
-        if self.serve.enforce_eager:
-            args.append("--enforce-eager")
-        args += ["--gpu-memory-utilization", str(self.serve.gpu_memory_utilization)]
-        return args + list(self.serve.extra_args)
+    @property
+    def tp(self) -> int:
+        return self.serve.tp
+
+    @property
+    def pp(self) -> int:
+        return self.serve.pp
+
+    @property
+    def dp(self) -> int:
+        return self.serve.dp
+
+    @property
+    def ep(self) -> bool:
+        return self.serve.ep
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        return self.serve.kv_cache_dtype
+
+    @property
+    def allow_long_max_model_len(self) -> bool:
+        """``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` in the server's environment (``serve.env``)."""
+        return self.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true")
 
 
 @dataclass(frozen=True)
@@ -299,16 +292,25 @@ class _Ctx:
         return ConfigError(f"{where}key '{key}': expected {expected}, got {excerpt(got)}")
 
     def check_keys(self, section: str, data: Mapping[str, Any], allowed: tuple[str, ...]) -> None:
+        """Refuse a key not in ``allowed``; vLLM's spelling of a serve argument of this section
+        (``tensor_parallel_size`` for ``tp``) is accepted, and suggested for near misses."""
+        home = SERVE if section.endswith("serve.") else DEPLOYMENT
+        aliases = {arg.vllm_name: name for name, arg in ARGS.items() if arg.section == home and name in allowed}
         for key in data:
-            if key not in allowed:
-                text = str(key) if isinstance(key, str) else excerpt(key)
-                close = difflib.get_close_matches(text, allowed, n=1) if len(text) < 100 else []
-                hint = f" (did you mean '{close[0]}'?)" if close else ""
-                where = f"{self.file}: deployment {excerpt(self.deployment)}: " if self.deployment else f"{self.file}: "
-                shown = text if len(text) <= 80 else text[:60] + "..."
-                shown = shown if shown.isprintable() else ascii(shown)[1:-1]
-                raise ConfigError(f"{where}unknown key '{section}{shown}'{hint}; expected one of: "
-                                  f"{', '.join(allowed)}")
+            if key in allowed or key in aliases:
+                continue
+            text = str(key) if isinstance(key, str) else excerpt(key)
+            close = difflib.get_close_matches(text, (*allowed, *aliases), n=1) if len(text) < 100 else []
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            misplaced = field_for_key(text)
+            if misplaced is not None:
+                where_it_goes = "serve." if ARGS[misplaced].section == SERVE else "the top-level key "
+                hint = f" (did you mean {where_it_goes}'{misplaced}'?)"
+            where = f"{self.file}: deployment {excerpt(self.deployment)}: " if self.deployment else f"{self.file}: "
+            shown = text if len(text) <= 80 else text[:60] + "..."
+            shown = shown if shown.isprintable() else ascii(shown)[1:-1]
+            raise ConfigError(f"{where}unknown key '{section}{shown}'{hint}; expected one of: "
+                              f"{', '.join(allowed)}")
 
     def mapping(self, key: str, value: Any) -> Mapping[str, Any]:
         if value is None:
@@ -319,7 +321,7 @@ class _Ctx:
 
     def int(self, key: str, value: Any, minimum: int = 1, human: bool = False) -> int:
         if isinstance(value, str) and human:
-            parsed = _human_int(value)
+            parsed = human_int(value)
             if parsed is not None and parsed >= minimum:
                 return parsed
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -345,23 +347,12 @@ class _Ctx:
         return value
 
 
-def _human_int(text: str) -> int | None:
-    """vLLM's ``human_readable_int``: ``128k`` = 128000, ``128K`` = 131072 (k/m/g x1000, K/M/G x1024)."""
-    match = _HUMAN_INT_RE.match(text.strip())
-    if not match:
-        return None
-    number, unit = float(match.group(1)), match.group(2)
-    scale = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}[unit]
-    value = number * scale
-    return int(value) if value == int(value) else None
-
-
-DEPLOYMENT_KEYS = ("name", "description", "model", "gpus", "tp", "pp", "dp", "ep", "kv_cache_dtype",
-                   "gpu_arch", "vllm_version", "serve", "expect")
-SERVE_KEYS = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "gpu_memory_utilization", "dtype",
-              "quantization", "enforce_eager", "extra_args", "env")
-DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
-"""``--dtype`` choices (``ModelConfig.dtype``)."""
+DEPLOYMENT_KEYS = ("name", "description", "model", "gpus", *serve_args.keys(DEPLOYMENT), "gpu_arch",
+                   "vllm_version", "serve", "expect")
+"""A deployment's keys: its own, and the serve arguments the declaration puts at the top level
+(each also under vLLM's name, e.g. ``tensor_parallel_size``)."""
+SERVE_KEYS = (*serve_args.keys(SERVE), "extra_args", "env")
+"""``serve:`` keys: the declaration's (and vLLM's names for them), ``extra_args`` and ``env``."""
 EXPECT_KEYS = ("weights_per_gpu_gib", "throughput")
 THROUGHPUT_KEYS = ("concurrency", "min_output_tok_s", "input_len", "output_len", "num_prompts",
                    "max_p99_ttft_ms", "max_p99_tpot_ms")
@@ -397,35 +388,40 @@ def _gpus(ctx: _Ctx, value: Any) -> tuple[int, ...] | None:
     return tuple(items)
 
 
-def _serve(ctx: _Ctx, raw: Mapping[str, Any]) -> ServeArgs:
-    ctx.check_keys("serve.", raw, SERVE_KEYS)
-    extra = raw.get("extra_args", [])
-    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
-        raise ctx.error("serve.extra_args", "a list of strings like ['--trust-remote-code']", extra)
+def _env(ctx: _Ctx, raw: Mapping[str, Any]) -> dict[str, str]:
     env = ctx.mapping("serve.env", raw.get("env"))
     bad = [k for k, v in env.items() if not isinstance(k, str) or isinstance(v, (dict, list)) or v is None]
     if bad:
         raise ctx.error(f"serve.env.{bad[0]}", "a string value", env[bad[0]])
-    util = raw.get("gpu_memory_utilization", 0.9)
-    dtype = raw.get("dtype", "auto")
-    if dtype not in DTYPES:
-        raise ctx.error("serve.dtype", f"one of {', '.join(DTYPES)}", dtype)
-    quantization = raw.get("quantization")
-    if quantization is not None:
-        quantization = ctx.str("serve.quantization", quantization)
-    return ServeArgs(
-        max_model_len=(ctx.int("serve.max_model_len", raw["max_model_len"], human=True)
-                       if raw.get("max_model_len") is not None else None),
-        max_num_seqs=(ctx.int("serve.max_num_seqs", raw["max_num_seqs"])
-                      if raw.get("max_num_seqs") is not None else None),
-        gpu_memory_utilization=ctx.number("serve.gpu_memory_utilization", util, at_most=1.0),
-        max_num_batched_tokens=(ctx.int("serve.max_num_batched_tokens", raw["max_num_batched_tokens"], human=True)
-                                if raw.get("max_num_batched_tokens") is not None else None),
-        dtype=dtype, quantization=quantization,
-        enforce_eager=ctx.bool("serve.enforce_eager", raw.get("enforce_eager", False)),
-        extra_args=tuple(extra),
-        env={str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in env.items()},
-    )
+    return {str(k): str(v).lower() if isinstance(v, bool) else str(v) for k, v in env.items()}
+
+
+def _serve_args(ctx: _Ctx, top: Mapping[str, Any], serve: Mapping[str, Any]) -> tuple[ServeArgs, set[str]]:
+    """The declaration's fields from the deployment's keys (its own spelling or vLLM's) and the
+    modelled flags of ``serve.extra_args``; also which fields were given at all."""
+    given: dict[str, Any] = {}
+    spelled: dict[str, str] = {}
+    for name, arg in ARGS.items():
+        section, prefix = (top, "") if arg.section == DEPLOYMENT else (serve, "serve.")
+        found = [key for key in dict.fromkeys((name, arg.vllm_name)) if section.get(key) is not None]
+        if len(found) > 1:
+            raise ctx.error(f"{prefix}{found[1]}", f"one of '{prefix}{found[0]}' and '{prefix}{found[1]}' "
+                            f"(both are {arg.flag})", section[found[1]])
+        if not found:
+            continue
+        key = found[0]
+        try:
+            given[name] = arg.parse(section[key])
+        except ValueError as exc:
+            raise ctx.error(f"{prefix}{key}", str(exc), section[key]) from None
+        spelled[name] = f"{prefix}{key}"
+    extra = serve.get("extra_args", [])
+    if not isinstance(extra, list) or not all(isinstance(a, str) for a in extra):
+        raise ctx.error("serve.extra_args", "a list of strings like ['--trust-remote-code']", extra)
+    where = f"{ctx.file}: deployment {excerpt(ctx.deployment)}"
+    folded = serve_args.fold_extra_args(given, extra, where=where, spelled=spelled)
+    from_extra = {name for name, _, _ in serve_args.split_extra_args(extra)[0]}
+    return folded, set(given) | from_extra
 
 
 def _throughput(ctx: _Ctx, index: int, raw: Any) -> Throughput:
@@ -514,28 +510,24 @@ def _deployment(file: str, base_dir: Path, position: int, raw: Any,
     model_path = expanded if os.path.isabs(expanded) else os.path.realpath(base_dir / expanded)
     _refuse_symlink_loop(ctx, model, model_path)
     gpus = _gpus(ctx, data.get("gpus"))
-    if data.get("tp") is None:
+    serve_raw = ctx.mapping("serve", data.get("serve"))
+    ctx.check_keys("serve.", serve_raw, SERVE_KEYS)
+    args, given = _serve_args(ctx, data, serve_raw)
+    pp, dp = args.pp, args.dp
+    if "tp" not in given:
         if gpus is None:
             raise ctx.error("tp", "a whole number >= 1 (the tensor-parallel size), or a gpus list",
                             missing=True)
-        tp = len(gpus)
-    else:
-        tp = ctx.int("tp", data["tp"])
-    pp = ctx.int("pp", data["pp"]) if data.get("pp") is not None else 1
-    dp = ctx.int("dp", data["dp"]) if data.get("dp") is not None else 1
-    if data.get("tp") is None and gpus is not None and pp * dp > 1:
         if len(gpus) % (pp * dp):
             what = " x ".join(f"{k}={v}" for k, v in (("pp", pp), ("dp", dp)) if v > 1)
             raise ctx.error("gpus", f"a multiple of {what} GPU indexes", list(gpus))
-        tp = len(gpus) // (pp * dp)
-    if gpus is not None and len(gpus) != tp * pp * dp:
+        args = replace(args, tp=len(gpus) // (pp * dp))
+    tp = args.tp
+    if gpus is not None and len(gpus) != args.total_gpus:
         sizes = " x ".join(f"{k}" for k, v in (("tp", tp), ("pp", pp), ("dp", dp)) if k == "tp" or v > 1)
         expected = (f"exactly tp={tp} GPU indexes" if pp * dp == 1
                     else f"exactly {sizes} = {tp * pp * dp} GPU indexes")
         raise ctx.error("gpus", expected, list(gpus))
-    kv = data.get("kv_cache_dtype", "auto")
-    if kv not in KV_CACHE_DTYPES:
-        raise ctx.error("kv_cache_dtype", f"one of {', '.join(KV_CACHE_DTYPES)}", kv)
     arch = None
     if data.get("gpu_arch") is not None:
         try:
@@ -557,10 +549,8 @@ def _deployment(file: str, base_dir: Path, position: int, raw: Any,
     if description is not None and not isinstance(description, str):
         raise ctx.error("description", "a string", description)
     return Deployment(
-        name=name, model=model, model_path=model_path, tp=tp, gpus=gpus, pp=pp, dp=dp,
-        ep=ctx.bool("ep", data.get("ep", False)), kv_cache_dtype=kv, gpu_arch=arch,
-        vllm_version=version, serve=_serve(ctx, ctx.mapping("serve", data.get("serve"))),
-        expect=_expect(ctx, ctx.mapping("expect", data.get("expect"))),
+        name=name, model=model, model_path=model_path, serve=args, gpus=gpus, env=_env(ctx, serve_raw),
+        gpu_arch=arch, vllm_version=version, expect=_expect(ctx, ctx.mapping("expect", data.get("expect"))),
         description=description, source=file,
     )
 

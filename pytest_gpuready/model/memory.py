@@ -23,6 +23,21 @@ and 0.32; the V2 model runner returns 0 in 0.25 (``gpu/model_runner.py:profile_c
 and estimates in 0.32. 0.25 uses the V2 runner for dense decoder-only models
 (``VllmConfig._is_default_v2_model_runner_model``: not MoE, not hybrid), 0.32 for all by default.
 
+After the KV cache is allocated, ``Worker.compile_or_warm_up_model`` captures the CUDA graphs and
+then warms the sampler up with ``min(max_num_seqs, max_num_batched_tokens)`` dummy requests over
+the whole vocabulary ("to preallocate memory buffer for logits and other sampling related tensors
+of max possible shape", vLLM's comment there; after ``capture_model`` on purpose, so that
+``empty_cache`` cannot release them). Both come out of what ``gpu_memory_utilization`` leaves
+outside the budget: the profile run's share of the budget has become KV cache by then. gpt-oss-20b
+on one H100 at 0.95 (vLLM 0.19) logs ``Available KV cache memory: 58.47 GiB`` and then ``CUDA out of
+memory occurred when warming up sampler with 1024 dummy requests``; :func:`warm_up_terms`.
+
+Versions: the accounting above is the V1 engine's, read in 0.19, 0.25 and 0.32 and unchanged in
+structure from 0.11 (:data:`MODELLED_SINCE`). Before that the V0 engine (the default before 0.8,
+selectable until 0.10) profiled differently (``worker/worker.py:determine_num_available_blocks``),
+and its figures are not these: :func:`unmodelled_reason` names the range, and the fit check is
+*undecided* there rather than a number from another engine.
+
 Every term is computed here from the model's config and the serve settings; the constants that
 stand for what only a GPU can measure (non-torch memory, CUDA-graph pools) are figures measured on
 real startups, each named with where it was measured. :class:`MemoryPlan` carries each term in
@@ -35,6 +50,7 @@ import math
 from dataclasses import dataclass, field
 
 from pytest_gpuready.model.derived_weights import derive_weights
+from pytest_gpuready.model.serve_args import ServeArgs
 from pytest_gpuready.model.spec import DERIVED, ModelSpec, Weights, derived_weights_for
 from pytest_gpuready.model.vllm_version import VllmVersion
 
@@ -61,6 +77,12 @@ COMMUNICATOR_BYTES = int(1.6 * GIB)
 """Non-torch memory of the NCCL communicators and custom all-reduce buffers per GPU at TP or PP > 1:
 the issue's H100 measurements with vLLM 0.19 kept back 3.3-4.4 GiB per GPU at TP >= 2, about 2 GiB
 of it non-torch; 1.6 GiB is what remains of Qwen2.5-72B's 4.4 GiB at TP=2 after its sampler term."""
+MODELLED_SINCE = (0, 11)
+"""The oldest vLLM release whose memory accounting this module models (the V1 engine's
+``determine_available_memory`` with ``memory_profiling``, read in 0.19.0, 0.25.0, 0.32.0; 0.11 is the
+first release without the V0 engine)."""
+NEWEST_READ = (0, 33)
+"""The newest release read (vllm-invariants.md §0); later releases get its rules, saying so."""
 CUDAGRAPH_BYTES_PER_LAYER = int(0.44 * GIB / 16)
 """CUDA-graph pool per decoder layer with the default capture sizes (51 sizes up to 512, FULL and
 PIECEWISE): measured 0.44 GiB for a 16-layer Llama on the H200 with vLLM 0.25.0
@@ -68,24 +90,23 @@ PIECEWISE): measured 0.44 GiB for a 16-layer Llama on the H200 with vLLM 0.25.0
 
 
 @dataclass(frozen=True)
-class ServeSettings:
-    """The ``vllm serve`` arguments that move memory (None = vLLM's default for the GPU)."""
+class SpeculativeSettings:
+    """What speculative decoding adds to one GPU's memory, as vLLM's code allocates it.
 
-    gpu_memory_utilization: float = 0.9
-    max_model_len: int | None = None
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    kv_cache_dtype: str = "auto"
-    dtype: str = "auto"
-    """``--dtype``: auto (the checkpoint's), bfloat16, float16 or float32 (doubles 16-bit weights)."""
-    quantization: str | None = None
-    """``--quantization``: ``fp8`` quantizes a 16-bit checkpoint's linear weights online to 1 byte."""
-    enforce_eager: bool = False
-    pipeline_parallel_size: int = 1
-    data_parallel_size: int = 1
-    """``--data-parallel-size``: DP engines; a MoE model's experts are split over TP x DP ranks."""
-    api_server: bool = True
-    """``vllm serve`` (True) or the ``LLM`` class: their default max_num_batched_tokens differ."""
+    * ``draft_weight_bytes``: the draft model's weights on this GPU (an EAGLE head, a separate draft
+      model; 0 for MTP layers the checkpoint already holds, which ``num_nextn_predict_layers``
+      counts as unused until they are loaded: pass their bytes here when they are);
+    * ``draft_layers``: decoder layers of the draft that keep a KV cache (EAGLE: 1, MTP: the
+      ``num_nextn_predict_layers``, a draft model: its layers), with the target's KV head layout;
+    * ``num_speculative_tokens``: the proposer's tokens per step. The sampler warm-up then runs the
+      rejection sampler over one draft token per dummy request (``_dummy_sampler_run``:
+      ``target_logits = torch.randn(num_tokens, vocab)``, ``gpu_model_runner.py`` 0.9-0.32), a second
+      ``requests x vocab`` logits tensor in the model dtype.
+    """
+
+    num_speculative_tokens: int = 0
+    draft_layers: int = 0
+    draft_weight_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -191,7 +212,7 @@ def cudagraph_counted(model: ModelSpec, version: VllmVersion | None) -> tuple[bo
 
 # ---------------------------------------------------------------- the terms
 
-def _activation_dtype_bytes(model: ModelSpec, settings: ServeSettings) -> int:
+def _activation_dtype_bytes(model: ModelSpec, settings: ServeArgs) -> int:
     name = model.torch_dtype if settings.dtype == "auto" else settings.dtype
     return 4 if name in ("float32", "float") else 2
 
@@ -209,7 +230,7 @@ def routed_expert_bytes(model: ModelSpec, weights: Weights) -> int:
     return int(derived.routed_expert_bytes * loaded / loaded_derived)
 
 
-def weights_term(model: ModelSpec, tp: int, pp: int, settings: ServeSettings) -> MemoryTerm:
+def weights_term(model: ModelSpec, tp: int, pp: int, settings: ServeArgs) -> MemoryTerm:
     """Weights on the most loaded GPU, with ``--dtype float32`` and online ``--quantization fp8``.
 
     With data parallelism a MoE model's routed experts are split over TP x DP ranks (by TP
@@ -218,7 +239,7 @@ def weights_term(model: ModelSpec, tp: int, pp: int, settings: ServeSettings) ->
     per_gpu = weights.per_gpu_bytes(tp)
     how = "read" if weights.from_headers else "derived"
     notes = [weights.provenance()]
-    dp = settings.data_parallel_size
+    dp = settings.dp
     experts = routed_expert_bytes(model, weights) if dp > 1 else 0
     if experts:
         per_gpu -= experts // max(1, tp) - experts // (max(1, tp) * dp)
@@ -287,12 +308,14 @@ def sampler_bytes(model: ModelSpec, requests: int, version: VllmVersion | None =
 
 
 def kv_bytes_per_token(model: ModelSpec, tp: int, kv_dtype_bytes: int, fp8_ds_mla: bool = False,
-                       pp: int = 1) -> int:
+                       pp: int = 1, draft_layers: int = 0) -> int:
     """KV-cache bytes one token takes on one GPU (``AttentionSpec.real_page_size_bytes`` /
     ``MLAAttentionSpec``, ``vllm/v1/kv_cache_interface.py``): GQA ``2 x layers x max(1, kv_heads //
     tp) x head_dim x bytes``; MLA ``layers x (kv_lora_rank + qk_rope_head_dim) x bytes`` on every
-    rank; with PP, the layers of the largest stage."""
-    layers = math.ceil(model.num_layers / max(1, pp))
+    rank; with PP, the layers of the largest stage; a speculative draft's layers keep their own
+    pages (``draft_layers``, on the last stage). ``kv_dtype_bytes`` is the KV element's size: with
+    ``--kv-cache-dtype auto`` the *served* dtype's, so ``--dtype float32`` makes it 4."""
+    layers = math.ceil(model.num_layers / max(1, pp)) + draft_layers
     if model.is_mla:
         if fp8_ds_mla:
             return layers * 656
@@ -300,33 +323,71 @@ def kv_bytes_per_token(model: ModelSpec, tp: int, kv_dtype_bytes: int, fp8_ds_ml
     return 2 * layers * max(1, model.num_kv_heads // tp) * model.head_dim * kv_dtype_bytes
 
 
+def warm_up_terms(model: ModelSpec, requests: int, version: VllmVersion | None, dtype_bytes: int,
+                  speculative: SpeculativeSettings | None = None) -> list[MemoryTerm]:
+    """What ``compile_or_warm_up_model`` allocates after the KV cache: the sampler's buffers over
+    ``requests`` dummy requests x vocab (kept: preallocated for the largest batch), plus, with
+    speculative decoding, the rejection sampler's ``requests x vocab`` target logits (module doc)."""
+    # With --dtype float32 the lm_head's logits are float32 already and the sampler's float32 copy
+    # is the same tensor: 2 bytes per logit fewer; the bf16 figure is kept as the upper bound.
+    sampler = sampler_bytes(model, requests, version)
+    how = (f"{requests:,} dummy requests x vocab {model.vocab_size:,} "
+           f"({SAMPLER_BYTES_PER_LOGIT_V2 if _uses_v2_runner(model, version) else SAMPLER_BYTES_PER_LOGIT} "
+           "bytes per logit), allocated after the KV cache (gpu_worker.py:compile_or_warm_up_model, "
+           "_dummy_sampler_run)")
+    spec = speculative
+    if spec is not None and spec.num_speculative_tokens:
+        sampler += requests * model.vocab_size * dtype_bytes
+        how += "; + the rejection sampler's target logits, one draft token per request"
+    return [MemoryTerm("sampler warm-up", sampler, "derived", how)]
+
+
+def unmodelled_reason(version: VllmVersion | None) -> str | None:
+    """Why this module has no figures for ``version`` (None when it has): releases before
+    :data:`MODELLED_SINCE` sized the KV cache with the V0 engine's profiler."""
+    if version is None or version.at_least(*MODELLED_SINCE):
+        return None
+    return (f"vLLM {version} is not modelled: the memory accounting covers vLLM "
+            f"{MODELLED_SINCE[0]}.{MODELLED_SINCE[1]} to {NEWEST_READ[0]}.{NEWEST_READ[1]} (the V1 engine's "
+            "Worker.determine_available_memory); before 0.11 the V0 engine's profile run sized the KV "
+            "cache differently (it over-predicts by 28-70% on a 24 GB GPU)")
+
+
 def plan_memory(
     model: ModelSpec,
     total_bytes: int,
-    tp: int,
+    settings: ServeArgs,
     *,
-    ep: bool = False,
-    settings: ServeSettings | None = None,
     kv_dtype_bytes: int = 2,
     fp8_ds_mla: bool = False,
     version: VllmVersion | None = None,
     gpu_name: str = "",
+    api_server: bool = True,
+    speculative: SpeculativeSettings | None = None,
 ) -> MemoryPlan:
-    """vLLM's accounting for one GPU of ``total_bytes`` (as CUDA reports it) at TP=tp (PP from settings)."""
-    settings = settings or ServeSettings()
-    pp = settings.pipeline_parallel_size
+    """vLLM's accounting for one GPU of ``total_bytes`` (as CUDA reports it) for the serve
+    arguments ``settings`` (TP, PP, DP, EP and the engine settings, all from the declaration);
+    ``api_server`` False is the ``LLM`` class, whose default max_num_batched_tokens differs;
+    ``speculative`` is a draft's memory (not a modelled flag: library callers pass it)."""
+    tp, ep, pp = settings.tp, settings.ep, settings.pp
     budget = math.ceil(total_bytes * settings.gpu_memory_utilization)
     seqs = settings.max_num_seqs or default_max_num_seqs(total_bytes, gpu_name)
     batched = settings.max_num_batched_tokens or default_max_num_batched_tokens(
-        total_bytes, gpu_name, settings.api_server)
+        total_bytes, gpu_name, api_server)
     dtype_bytes = _activation_dtype_bytes(model, settings)
     requests = min(seqs, batched)
-    dp = settings.data_parallel_size
+    dp = settings.dp
     forward = forward_activation_bytes(model, tp, ep, batched, dtype_bytes, dp)
     sampler = sampler_bytes(model, requests, version)
     mode = "eager" if settings.enforce_eager else "compiled"
+    spec = speculative
+    weights = weights_term(model, tp, pp, settings)
+    if spec is not None and spec.draft_weight_bytes:
+        weights = MemoryTerm("weights", weights.bytes + spec.draft_weight_bytes, "derived",
+                             f"{weights.source}; + {spec.draft_weight_bytes / GIB:.2f} GiB of the speculative "
+                             "draft's weights (given)")
     terms = [
-        weights_term(model, tp, pp, settings),
+        weights,
         MemoryTerm("activation peak", max(forward, sampler), "derived",
                    f"profile run, {mode}: max(forward over max_num_batched_tokens={batched:,} "
                    f"{forward / GIB:.2f} GiB, sampler over {requests:,} dummy requests x vocab "
@@ -354,8 +415,12 @@ def plan_memory(
                                 f"{CUDAGRAPH_BYTES_PER_LAYER / MIB:.0f} MiB per layer, measured on the H200 "
                                 f"with vLLM 0.25.0; {why}")
         (terms if counted else outside).append(graph_term)
+    # The sampler warms up on the last PP rank only (get_pp_group().is_last_rank); with PP > 1 the
+    # GPU judged here is taken as that rank (it holds the LM head, see weights_term).
+    outside.extend(warm_up_terms(model, requests, version, dtype_bytes, speculative))
     kv_cache = budget - sum(t.bytes for t in terms)
-    per_token = kv_bytes_per_token(model, tp, kv_dtype_bytes, fp8_ds_mla, pp)
+    per_token = kv_bytes_per_token(model, tp, kv_dtype_bytes, fp8_ds_mla, pp,
+                                   spec.draft_layers if spec is not None else 0)
     tokens = 0
     if kv_cache > 0:
         blocks = kv_cache // (per_token * KV_BLOCK_SIZE)
@@ -375,6 +440,9 @@ def _rule_set(version: VllmVersion | None) -> str:
     if version is None:
         return ("vLLM memory accounting of 0.32 (vLLM version unknown, newest assumed; pass "
                 "--vllm-version)")
+    if version.release[:2] > NEWEST_READ:
+        return (f"vLLM >= 0.32 memory accounting (vLLM {version} is newer than the newest read, "
+                f"{NEWEST_READ[0]}.{NEWEST_READ[1]}: its rules assumed)")
     if version.at_least(0, 32):
         return f"vLLM >= 0.32 memory accounting (vLLM {version})"
     if version.at_least(0, 25):

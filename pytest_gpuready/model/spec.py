@@ -298,6 +298,10 @@ class _Keys:
         return value
 
 
+LLAMA4_MODEL_TYPES = frozenset({"llama4", "llama4_text"})
+"""Text model types whose MoE layers carry an implicit shared expert (no config key names it)."""
+
+
 def model_spec_from_config(
     config: Mapping[str, Any],
     *,
@@ -369,6 +373,11 @@ def model_spec_from_config(
         if width:
             shared_width = width
             shared = shared or 1
+    if experts and not shared_width and text_model_type in LLAMA4_MODEL_TYPES:
+        # Llama 4 spells its shared expert no other way than the architecture: every MoE layer
+        # holds one ``shared_expert`` MLP of ``intermediate_size`` beside the routed experts
+        # (vllm/model_executor/models/llama4.py: Llama4MoE). Scout at TP=4 logs 53.12 GiB.
+        shared_width, shared = moe_i or 0, 1
 
     kv_lora = keys.integer("kv_lora_rank", minimum=1)
     spec = ModelSpec(

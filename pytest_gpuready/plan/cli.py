@@ -16,8 +16,9 @@ from collections.abc import Sequence
 from pytest_gpuready.errors import ConfigError, GpuReadyError
 from pytest_gpuready.host.hosts import connect
 from pytest_gpuready.host.probe import snapshot as probe_snapshot
+from pytest_gpuready.model import serve_args
 from pytest_gpuready.model.backends import parse_gpu_arch
-from pytest_gpuready.model.deploy_config import ServeArgs, _human_int
+from pytest_gpuready.model.serve_args import ServeArgs
 from pytest_gpuready.model.spec import inspect_model
 from pytest_gpuready.model.vllm_version import parse_vllm_version
 from pytest_gpuready.outputs import OutputRefused, check_output, written_to
@@ -25,23 +26,6 @@ from pytest_gpuready.plan.deploy_writer import deploy_document, write_deploy
 from pytest_gpuready.plan.planner import plan_layouts, planned_gpus
 from pytest_gpuready.plan.presets import parse_gpus, preset_snapshot
 from pytest_gpuready.plan.table import format_table
-
-
-def _length(text: str) -> int:
-    value = _human_int(text)
-    if value is None or value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of tokens like 131072 or 128k")
-    return value
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a number in (0, 1] like 0.9")
-    return value
 
 
 def _arch(text: str) -> tuple[int, int]:
@@ -63,11 +47,8 @@ def parser() -> argparse.ArgumentParser:
     plan.add_argument("--gpu-arch", metavar="SM", type=_arch,
                       help="the GPUs' compute capability (sm90, 8.6) where the probe does not report it")
     plan.add_argument("--vllm-version", metavar="V", help="the vLLM whose rules apply (default: newest)")
-    plan.add_argument("--max-model-len", metavar="N", type=_length)
-    plan.add_argument("--max-num-seqs", metavar="N", type=_length)
-    plan.add_argument("--max-num-batched-tokens", metavar="N", type=_length)
-    plan.add_argument("--gpu-memory-utilization", metavar="F", type=_fraction, default=0.9)
-    plan.add_argument("--enforce-eager", action="store_true")
+    engine = plan.add_argument_group("serve arguments (every row's; --kv-cache-dtype tries only that KV dtype)")
+    serve_args.add_arguments(engine)
     plan.add_argument("--write-deploy", metavar="FILE", help="write the best working layouts as a deploy file")
     plan.add_argument("--choose", metavar="N", type=int, default=1,
                       help="how many working layouts --write-deploy writes (default 1, the best)")
@@ -115,12 +96,13 @@ def _plan(argv: Sequence[str] | None) -> int:
     except GpuReadyError as exc:
         print(f"gpuready plan: {exc}; pass --gpus 8xH100-80GB to plan on presets", file=sys.stderr)
         return 3
-    serve = ServeArgs(max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                      max_num_batched_tokens=args.max_num_batched_tokens,
-                      gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager)
+    given = serve_args.from_namespace(args)
+    kv = given.pop("kv_cache_dtype", None)
+    serve = ServeArgs(**given)
     allow_long = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true")
     rows = plan_layouts(model, snap, model_path=args.model_dir, vllm_version=version, serve=serve,
-                        capability=args.gpu_arch, allow_long_max_model_len=allow_long)
+                        capability=args.gpu_arch, allow_long_max_model_len=allow_long,
+                        kv_cache_dtypes=[kv] if kv is not None else None)
     note = (f"rules: vLLM {version}" if version else
             "rules: newest (vLLM version unknown; pass --vllm-version)")
     _, cut = planned_gpus(snap)
@@ -135,7 +117,7 @@ def _plan(argv: Sequence[str] | None) -> int:
         chosen = working[:max(1, args.choose)]
         try:
             write_deploy(deploy_output, deploy_document(
-                model.name, args.model_dir, chosen, serve=serve, capability=chosen[0].capability, version=version))
+                model.name, args.model_dir, chosen, capability=chosen[0].capability, version=version))
         except OutputRefused as exc:
             print(f"gpuready plan: --write-deploy {exc}", file=sys.stderr)
             return 2

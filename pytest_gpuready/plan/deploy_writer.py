@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from pytest_gpuready.model.backends import format_arch
-from pytest_gpuready.model.deploy_config import ServeArgs
+from pytest_gpuready.model.serve_args import DEPLOYMENT, SERVE
 from pytest_gpuready.model.vllm_version import VllmVersion
 from pytest_gpuready.outputs import Output, write_output
 from pytest_gpuready.plan.planner import LayoutRow
@@ -25,8 +25,10 @@ def deployment_name(model_name: str, row: LayoutRow) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "-", name).lstrip("-._") or "model"
 
 
-def deploy_document(model_name: str, model_path: str, rows: Sequence[LayoutRow], *, serve: ServeArgs,
+def deploy_document(model_name: str, model_path: str, rows: Sequence[LayoutRow], *,
                     capability: tuple[int, int] | None, version: VllmVersion | None) -> dict[str, Any]:
+    """The rows as deploy-file entries: each row's serve arguments as the declaration writes them
+    (:meth:`ServeArgs.deploy_entry`), so the file reads back into the same arguments."""
     defaults: dict[str, Any] = {}
     if capability is not None:
         defaults["gpu_arch"] = format_arch(capability).lower()
@@ -34,28 +36,12 @@ def deploy_document(model_name: str, model_path: str, rows: Sequence[LayoutRow],
         defaults["vllm_version"] = str(version)
     deployments = []
     for row in rows:
+        keys = row.args.deploy_entry()
         entry: dict[str, Any] = {
             "name": deployment_name(model_name, row),
             "description": f"planned by `gpuready plan`: {row.layout.describe()}, {row.locality}",
-            "model": os.path.abspath(model_path), "gpus": list(row.gpus), "tp": row.layout.tp}
-        if row.layout.pp > 1:
-            entry["pp"] = row.layout.pp
-        if row.layout.dp > 1:
-            entry["dp"] = row.layout.dp
-        if row.layout.ep:
-            entry["ep"] = True
-        if row.layout.kv_cache_dtype != "auto":
-            entry["kv_cache_dtype"] = row.layout.kv_cache_dtype
-        serve_entry: dict[str, Any] = {"gpu_memory_utilization": serve.gpu_memory_utilization}
-        for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "quantization"):
-            value = getattr(serve, key)
-            if value is not None:
-                serve_entry[key] = value
-        if serve.dtype != "auto":
-            serve_entry["dtype"] = serve.dtype
-        if serve.enforce_eager:
-            serve_entry["enforce_eager"] = True
-        entry["serve"] = serve_entry
+            "model": os.path.abspath(model_path), "gpus": list(row.gpus), "tp": row.layout.tp,
+            **keys[DEPLOYMENT], "serve": keys[SERVE]}
         deployments.append(entry)
     document: dict[str, Any] = {}
     if defaults:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from pytest_gpuready.host.snapshot import HostSnapshot
-from pytest_gpuready.model.layout import Layout
+from pytest_gpuready.model.serve_args import Layout
 
 LOCALITY_ORDER = ("one GPU", "NVLink", "one PCIe switch", "one NUMA node", "unknown", "crosses NUMA")
 """Best first; a layout is as good as its worst group."""

@@ -6,13 +6,15 @@ preset) in, :class:`LayoutRow` s out, sorted best first: works, then undecided, 
 groups that talk most stay on one NUMA node (or PCIe switch, or NVLink); TP before PP; the most KV
 tokens; the fewest GPUs.
 
-Each row is judged by :func:`~pytest_gpuready.model.rules.check_deployment` (world size against
-the visible GPUs, TP divisibility in vLLM's order, EP, the quantization's minimum capability, FP8
-blocks, the attention backend, Marlin's tiles) and by
-:func:`~pytest_gpuready.model.checks.check_memory_fit`, each verdict kept. The reason a row does
-not work is the failure vLLM would raise first (``evidence["vllm_stage"]``; the memory verdict is
-staged here by where vLLM checks it). A rule that cannot decide without the GPU's compute
-capability leaves the row *undecided*, never working.
+Each row is one :class:`~pytest_gpuready.model.serve_args.ServeArgs` (the engine settings given,
+with the row's TP, PP, DP, EP and KV dtype) judged by
+:func:`~pytest_gpuready.model.rules.check_deployment`, the same call the suite and the markers
+make: world size against the visible GPUs, TP divisibility in vLLM's order, EP, the
+quantization's minimum capability, FP8 blocks, the attention backend, Marlin's tiles, and memory
+fit on the row's GPUs, each verdict kept. The reason a row does not work is the failure vLLM
+would raise first (``evidence["vllm_stage"]``, which every rule records). A rule that cannot
+decide without the GPU's compute capability leaves the row *undecided*, never working. The row's
+command line is :meth:`ServeArgs.argv`, the one the launch uses.
 """
 
 from __future__ import annotations
@@ -23,12 +25,11 @@ from dataclasses import dataclass, replace
 
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.model.backends import MIN_FP8_CAPABILITY
-from pytest_gpuready.model.checks import GIB, check_memory_fit, effective_kv_cache_dtype
-from pytest_gpuready.model.deploy_config import Deployment, ServeArgs
-from pytest_gpuready.model.layout import Layout
+from pytest_gpuready.model.checks import GIB, effective_kv_cache_dtype
 from pytest_gpuready.model.rules import DeploymentCheck, check_deployment
-from pytest_gpuready.model.rules.common import BUILD, CONFIG, LOAD, stage_of, staged
+from pytest_gpuready.model.rules.common import stage_of
 from pytest_gpuready.model.rules.marlin import is_fp8_weights
+from pytest_gpuready.model.serve_args import Layout, ServeArgs
 from pytest_gpuready.model.spec import ModelSpec
 from pytest_gpuready.model.vllm_version import VllmVersion
 from pytest_gpuready.plan.placement import LOCAL, locality, place
@@ -47,23 +48,6 @@ CHECKS: Mapping[str, str] = {
 """Column name -> the rule (``RULES`` key of :mod:`pytest_gpuready.model.rules`), in table order."""
 
 WORKS, UNDECIDED, FAILS = "works", "undecided", "fails"
-KV_SIZING = LOAD + 1
-"""After the weights are processed: ``determine_available_memory`` and the KV-cache check."""
-
-
-def stage_memory(verdict: Verdict) -> Verdict:
-    """The memory verdict with where vLLM raises it: a max_model_len above the config's while
-    ``ModelConfig`` is built (the first config of ``create_engine_config``); ``Free memory on
-    device`` in ``Worker.init_device``, before the model is built; the KV-cache failures after
-    loading."""
-    evidence = verdict.evidence
-    if "kv_cache_bytes" in evidence:
-        return staged(verdict, KV_SIZING)
-    if "per_gpu" in evidence:
-        return staged(verdict, BUILD, -2)
-    if "derived_max_model_len" in evidence:
-        return staged(verdict, CONFIG, -1)
-    return staged(verdict, CONFIG)
 
 
 def applies(check: str, model: ModelSpec, layout: Layout, capability: tuple[int, int] | None) -> bool:
@@ -82,11 +66,12 @@ def applies(check: str, model: ModelSpec, layout: Layout, capability: tuple[int,
 class LayoutRow:
     """One layout on its GPUs, with every check's verdict."""
 
-    layout: Layout
+    args: ServeArgs
+    """The row's serve arguments: the engine settings planned for, with this row's layout."""
     gpus: tuple[int, ...]
     """In ``CUDA_VISIBLE_DEVICES`` order: DP rank r takes the r-th TP x PP block."""
     rules: DeploymentCheck
-    memory: Verdict
+    """Every rule's verdict, memory fit included (``rules.verdicts["memory"]``)."""
     locality: str
     """The worst group's: ``one GPU``, ``NVLink``, ``one PCIe switch``, ``one NUMA node``,
     ``unknown`` or ``crosses NUMA`` (see :mod:`pytest_gpuready.plan.placement`)."""
@@ -97,10 +82,18 @@ class LayoutRow:
     """Other layouts whose rows came out identical in every column (folded into this one)."""
 
     @property
+    def layout(self) -> Layout:
+        """TP, PP, DP, EP and the KV dtype alone (what the row's name shows, and what folds)."""
+        return self.args.layout_only()
+
+    @property
+    def memory(self) -> Verdict:
+        return self.rules.verdicts["memory"]
+
+    @property
     def verdicts(self) -> dict[str, Verdict]:
         """Each column's verdict (:data:`CHECKS` order)."""
-        return {column: (self.memory if rule == "memory" else self.rules.verdicts[rule])
-                for column, rule in CHECKS.items() if rule == "memory" or rule in self.rules.verdicts}
+        return {column: self.rules.verdicts[rule] for column, rule in CHECKS.items() if rule in self.rules.verdicts}
 
     def word(self, check: str) -> str:
         """``ok``, ``warn``, ``FAIL``, ``?`` (undecided) or ``-`` (nothing to judge)."""
@@ -193,7 +186,11 @@ def planned_gpus(snapshot: HostSnapshot, gpu_ids: Sequence[int] | None = None) -
 
 
 def _sizes(count: int) -> list[int]:
-    return [n for n in (1, 2, 4, 8, 16, 32, 64) if n <= count]
+    """TP / PP sizes worth a row on ``count`` GPUs: the powers of two, and every divisor of the
+    count (TP=3 and 6 on six GPUs, 5 and 10 on ten), whose failures (heads, vocab, widths not
+    divisible) vLLM raises as it does for any size."""
+    return sorted({n for n in (1, 2, 4, 8, 16, 32, 64) if n <= count}
+                  | {n for n in range(1, count + 1) if count % n == 0})
 
 
 def _dp_sizes(count: int) -> list[int]:
@@ -213,10 +210,10 @@ def kv_choices(model: ModelSpec, capability: tuple[int, int] | None, version: Vl
 
 
 def layouts_for(model: ModelSpec, count: int, capability: tuple[int, int] | None,
-                version: VllmVersion | None) -> list[Layout]:
-    """Every DP x TP x PP <= ``count`` (TP and PP powers of two), EP where the model is MoE and
-    TP x DP > 1, each KV dtype of :func:`kv_choices`."""
-    kvs = kv_choices(model, capability, version)
+                version: VllmVersion | None, kv_cache_dtypes: Sequence[str] | None = None) -> list[Layout]:
+    """Every DP x TP x PP <= ``count`` (TP and PP powers of two or divisors of the count), EP where
+    the model is MoE and TP x DP > 1, each KV dtype of ``kv_cache_dtypes`` (default :func:`kv_choices`)."""
+    kvs = list(kv_cache_dtypes) if kv_cache_dtypes else kv_choices(model, capability, version)
     result = []
     for tp in _sizes(count):
         for pp in _sizes(count // tp):
@@ -229,13 +226,10 @@ def layouts_for(model: ModelSpec, count: int, capability: tuple[int, int] | None
     return result
 
 
-def serve_command(model_path: str, layout: Layout, serve: ServeArgs, gpus: Sequence[int]) -> str:
-    """``CUDA_VISIBLE_DEVICES=... vllm serve MODEL --tensor-parallel-size ...`` for the row."""
-    deployment = Deployment(name="plan", model=model_path, model_path=model_path, tp=layout.tp, pp=layout.pp,
-                            dp=layout.dp, gpus=tuple(gpus), ep=layout.ep, kv_cache_dtype=layout.kv_cache_dtype,
-                            serve=serve)
+def serve_command(model_path: str, args: ServeArgs, gpus: Sequence[int]) -> str:
+    """``CUDA_VISIBLE_DEVICES=... vllm serve MODEL`` and :meth:`ServeArgs.argv`: the row's command."""
     visible = f"CUDA_VISIBLE_DEVICES={','.join(str(g) for g in gpus)} "
-    return visible + "vllm serve " + shlex.join(deployment.vllm_args())
+    return visible + "vllm serve " + shlex.join([model_path, *args.argv()])
 
 
 def _capability_of(snapshot: HostSnapshot, gpus: Sequence[int],
@@ -249,24 +243,18 @@ def _capability_of(snapshot: HostSnapshot, gpus: Sequence[int],
     return min(c for c in found if c is not None)
 
 
-def judge(model: ModelSpec, snapshot: HostSnapshot, layout: Layout, ids: Sequence[int], *, model_path: str,
-          vllm_version: VllmVersion | None, serve: ServeArgs, capability: tuple[int, int] | None = None,
+def judge(model: ModelSpec, snapshot: HostSnapshot, args: ServeArgs, ids: Sequence[int], *, model_path: str,
+          vllm_version: VllmVersion | None, capability: tuple[int, int] | None = None,
           allow_long_max_model_len: bool = False) -> LayoutRow:
-    """One row: place the layout, run every rule and the memory fit on its GPUs."""
+    """One row: place the layout, run every rule (memory fit included) on its GPUs."""
     moe_spans_dp = model.is_moe
-    gpus = place(snapshot, layout, ids, moe_spans_dp)
+    gpus = place(snapshot, args, ids, moe_spans_dp)
     cap = _capability_of(snapshot, gpus, capability)
-    rules = check_deployment(model, layout, cap, vllm_version, visible_gpus=len(ids))
-    memory = stage_memory(check_memory_fit(
-        model, snapshot, layout.tp, gpus=gpus, gpu_memory_utilization=serve.gpu_memory_utilization,
-        max_model_len=serve.max_model_len, max_num_seqs=serve.max_num_seqs,
-        kv_cache_dtype=layout.kv_cache_dtype, vllm_version=vllm_version, pipeline_parallel_size=layout.pp,
-        data_parallel_size=layout.dp, ep=layout.ep, dtype=serve.dtype, quantization=serve.quantization,
-        enforce_eager=serve.enforce_eager, max_num_batched_tokens=serve.max_num_batched_tokens,
-        allow_long_max_model_len=allow_long_max_model_len))
-    not_applicable = frozenset(c for c in CHECKS if not applies(c, model, layout, cap))
-    return LayoutRow(layout, gpus, rules, memory, locality(snapshot, layout, gpus, moe_spans_dp),
-                     serve_command(model_path, layout, serve, gpus), cap, not_applicable)
+    rules = check_deployment(model, args, cap, vllm_version, visible_gpus=len(ids), snapshot=snapshot, gpus=gpus,
+                             allow_long_max_model_len=allow_long_max_model_len)
+    not_applicable = frozenset(c for c in CHECKS if not applies(c, model, args, cap))
+    return LayoutRow(args, gpus, rules, locality(snapshot, args, gpus, moe_spans_dp),
+                     serve_command(model_path, args, gpus), cap, not_applicable)
 
 
 def sort_key(row: LayoutRow) -> tuple[int, bool, bool, int, int]:
@@ -326,15 +314,17 @@ def plan_layouts(
     capability: tuple[int, int] | None = None,
     allow_long_max_model_len: bool = False,
     fold: bool = True,
+    kv_cache_dtypes: Sequence[str] | None = None,
 ) -> list[LayoutRow]:
     """Judge every layout of ``model`` on the snapshot's GPUs (at most :data:`MAX_PLAN_GPUS` of them,
-    see :func:`planned_gpus`), best first; ``capability`` overrides what the probe reports;
-    ``fold=False`` keeps identical rows apart."""
+    see :func:`planned_gpus`), best first: each row ``serve``'s engine settings with the row's
+    layout; ``kv_cache_dtypes`` restricts the KV dtypes tried; ``capability`` overrides what the
+    probe reports; ``fold=False`` keeps identical rows apart."""
     serve = serve or ServeArgs()
     ids, _ = planned_gpus(snapshot, gpu_ids)
     layout_capability = _capability_of(snapshot, ids, capability) if ids else capability
-    rows = [judge(model, snapshot, layout, ids, model_path=model_path, vllm_version=vllm_version, serve=serve,
+    rows = [judge(model, snapshot, serve.with_layout(layout), ids, model_path=model_path, vllm_version=vllm_version,
                   capability=capability, allow_long_max_model_len=allow_long_max_model_len)
-            for layout in layouts_for(model, len(ids), layout_capability, vllm_version)]
+            for layout in layouts_for(model, len(ids), layout_capability, vllm_version, kv_cache_dtypes)]
     rows.sort(key=sort_key)
     return collapse(rows) if fold else rows

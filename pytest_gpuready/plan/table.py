@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pytest_gpuready.model.layout import Layout
+from pytest_gpuready.model.serve_args import Layout
 from pytest_gpuready.model.spec import ModelSpec
 from pytest_gpuready.plan.placement import gpu_list_text
 from pytest_gpuready.plan.planner import CHECKS, WORKS, LayoutRow, figures

@@ -6,6 +6,7 @@
   test, carried on its TestReport (so through xdist);
 - :mod:`pytest_gpuready.plugin.host_fixtures`: host options, ``gpu_host``, ``gpu_snapshot``,
   ``gpus_clean``, ``shm_clean``, the report header;
+- :mod:`pytest_gpuready.plugin.health_fixtures`: the ``gpu_health`` fixture and marker;
 - :mod:`pytest_gpuready.plugin.model_fixtures`: model options, ``model_spec``, deploy file,
   ``fp8_block_alignment``, ``mla_kv_backend_supported``, ``deployment`` markers;
 - :mod:`pytest_gpuready.plugin.server_fixtures`: ``vllm_server`` and ``benchmark_serving``;
@@ -30,6 +31,7 @@ pytest_plugins = [
     "pytest_gpuready.plugin.fleet",
     "pytest_gpuready.plugin.recording",
     "pytest_gpuready.plugin.host_fixtures",
+    "pytest_gpuready.plugin.health_fixtures",
     "pytest_gpuready.plugin.model_fixtures",
     "pytest_gpuready.plugin.server_fixtures",
     "pytest_gpuready.plugin.report_collector",

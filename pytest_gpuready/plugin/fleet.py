@@ -1,7 +1,7 @@
 """Per-host parametrization: every host-bound test runs once per host, with the host in its id.
 
 A test is *host-bound* when its fixture closure holds one of :data:`HOST_BOUND_FIXTURES`
-(``gpu_host``, ``gpu_snapshot``, ``gpus_clean``, ``shm_clean``, ``model_spec``, ``deployment``,
+(``gpu_host``, ``gpu_snapshot``, ``gpus_clean``, ``shm_clean``, ``gpu_health``, ``model_spec``, ``deployment``,
 ``vllm_server``, ``benchmark_serving``, or a fixture of the user's that depends on one), or when it
 carries one of :data:`HOST_BOUND_MARKERS`. With several hosts, :func:`pytest_generate_tests`
 parametrizes the hidden session-scoped fixture ``_gpuready_host`` (indirect, ids = the hosts'
@@ -25,10 +25,10 @@ import pytest
 from pytest_gpuready.plugin.host_session import HOST_FIXTURE, HostSession, get_host_registry, under_xdist
 
 HOST_BOUND_FIXTURES = frozenset({
-    "gpu_host", "gpu_snapshot", "gpus_clean", "shm_clean", "model_spec", "deployment", "vllm_server",
+    "gpu_host", "gpu_snapshot", "gpus_clean", "shm_clean", "gpu_health", "model_spec", "deployment", "vllm_server",
     "benchmark_serving",
 })
-HOST_BOUND_MARKERS = ("gpus_clean", "shm_clean", "model", "deployment", "fp8_block_alignment",
+HOST_BOUND_MARKERS = ("gpus_clean", "shm_clean", "gpu_health", "model", "deployment", "fp8_block_alignment",
                       "mla_kv_backend_supported", "memory_fit")
 
 _HOST_OF_ITEM_KEY = pytest.StashKey[str | None]()

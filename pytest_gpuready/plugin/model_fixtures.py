@@ -1,8 +1,8 @@
 """Model-level options, fixtures and markers: ``model_spec``, ``deploy_config``, ``deployment``,
 ``fp8_block_alignment``, ``mla_kv_backend_supported``, ``memory_fit``.
 
-Loaded by :mod:`pytest_gpuready.plugin`. The checks live in
-:mod:`pytest_gpuready.model.checks`; this module resolves where the model, the vLLM version
+Loaded by :mod:`pytest_gpuready.plugin`. The rules live in :mod:`pytest_gpuready.model.rules`
+(the same calls the preflight suite and the planner make); this module resolves where the model, the vLLM version
 and the GPU architecture come from, and turns Verdicts into outcomes with
 :mod:`pytest_gpuready.plugin.outcomes` (a failed precondition fails the test in setup; warnings go to
 the warnings summary). Pure checks never touch a host: the GPU snapshot is requested only when
@@ -24,19 +24,23 @@ import pytest
 
 from pytest_gpuready.errors import ConfigError, GpuReadyError
 from pytest_gpuready.host.snapshot import HostSnapshot
-from pytest_gpuready.model.backends import KV_CACHE_DTYPES, format_arch, parse_gpu_arch
-from pytest_gpuready.model.checks import (
-    check_fp8_block_alignment,
-    check_memory_fit,
-    check_mla_kv_backend,
-    check_tp_divisibility,
-)
+from pytest_gpuready.model.backends import format_arch, parse_gpu_arch
+from pytest_gpuready.model.checks import memory_fit
 from pytest_gpuready.model.deploy_config import DeployConfig, Deployment, load_deploy_config
+from pytest_gpuready.model.rules import (
+    DeploymentCheck,
+    check_attention_backend,
+    check_deployment,
+    check_fp8_blocks,
+    check_memory,
+)
+from pytest_gpuready.model.serve_args import ARGS, ServeArgs
 from pytest_gpuready.model.spec import ModelSpec, inspect_model
 from pytest_gpuready.model.vllm_version import VllmVersion, parse_vllm_version
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_session import HostSession, get_host_session, host_session_of
 from pytest_gpuready.plugin.outcomes import checked, expect
+from pytest_gpuready.plugin.recording import add_report_entry
 from pytest_gpuready.verdict import Verdict
 
 NO_DEPLOY_FILE = "no-deploy-file"
@@ -83,8 +87,9 @@ MODEL_SETTINGS: tuple[s.Setting[Any], ...] = (GPUREADY_MODEL, GPUREADY_CONFIG, V
 MARKERS = (
     "model(path): the model directory model_spec reads for this test (relative to the test file; "
     "read on --gpu-host when it is not on this machine)",
-    "deployment(name): the deploy-file deployment this test uses (fixture deployment); its static "
-    "checks (TP divisibility, FP8 block alignment, MLA backend) must pass in setup",
+    "deployment(name): the deploy-file deployment this test uses (fixture deployment); every vLLM "
+    "load rule for its serve arguments (those of the preflight's test_vllm_load_rules, "
+    "max_model_len included) must pass in setup",
     "fp8_block_alignment(tp, ep=False, vllm_version=None, gpu_arch=None): fail in setup unless the "
     "model's FP8 weight blocks divide evenly at this tensor-parallel size (routed experts whole with "
     "ep=True); re-gridded MoE blocks (vLLM >= 0.29) also need the GPU's architecture",
@@ -226,8 +231,9 @@ def _marker_version(marker: str, value: Any) -> VllmVersion | None:
 
 def _kv_dtype(marker: str, value: Any) -> str:
     __tracebackhide__ = True
-    if value not in KV_CACHE_DTYPES:
-        _bad_marker(marker, "kv_cache_dtype", value, f"one of {', '.join(KV_CACHE_DTYPES)}")
+    arg = ARGS["kv_cache_dtype"]
+    if value not in arg.choices:
+        _bad_marker(marker, "kv_cache_dtype", value, arg.expected)
     return str(value)
 
 
@@ -354,7 +360,19 @@ def deployment(request: pytest.FixtureRequest) -> Deployment:
     config = deploy_config_of(request.config)
     if config is None or name == NO_DEPLOY_FILE:
         pytest.skip(SKIP_NO_DEPLOY_FILE)
-    return checked(lambda: config.get(str(name)))
+    found = checked(lambda: config.get(str(name)))
+    record_judged(request.config, found)
+    return found
+
+
+def record_judged(config: pytest.Config, deployment: Deployment) -> None:
+    """The report's record of what this test judges: the deployment's serve arguments as the
+    declaration holds them, the command line they make, and the extra_args no check judged."""
+    args = deployment.serve
+    add_report_entry(config, "deployments", {
+        "deployment": deployment.name, "model": deployment.model_path,
+        "gpus": list(deployment.gpus) if deployment.gpus is not None else None,
+        "serve_args": args.to_record(), "argv": args.argv(), "not_judged": list(args.extra_args)})
 
 
 def _deployment_if_any(request: pytest.FixtureRequest) -> Deployment | None:
@@ -390,20 +408,28 @@ def model_spec(request: pytest.FixtureRequest) -> ModelSpec:
 
 # ---------------------------------------------------------------- the checks, as a test sees them
 
-def run_static_checks(request: pytest.FixtureRequest, model: ModelSpec, deployment: Deployment) -> list[Verdict]:
-    """TP divisibility, FP8 block alignment and MLA backend for one deployment, each enforced."""
+def allow_long_max_model_len(deployment: Deployment | None = None) -> bool:
+    """``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` here, or in the deployment's ``serve.env``."""
+    here = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true")
+    return here or (deployment is not None and deployment.allow_long_max_model_len)
+
+
+def deployment_check(request: pytest.FixtureRequest, model: ModelSpec, deployment: Deployment) -> DeploymentCheck:
+    """Every static vLLM rule for the deployment's serve arguments: the one call that the
+    ``deployment`` marker and each test of the preflight suite make, with the same inputs (the
+    version, the GPU architecture and visible GPUs as far as they are known)."""
     __tracebackhide__ = True
-    node = request.node
-    version = resolve_vllm_version(request, deployment)
-    verdicts = [
-        expect(check_tp_divisibility(model, deployment.tp, ep=deployment.ep), node, "tp_divisibility"),
-        expect(fp8_alignment_verdict(request, model, deployment.tp, deployment.ep, version, deployment),
-               node, "fp8_block_alignment"),
-    ]
-    arch = resolve_gpu_arch(request, deployment) if model.is_mla else None
-    verdicts.append(expect(check_mla_kv_backend(model, arch, deployment.kv_cache_dtype, version), node,
-                           "mla_kv_backend"))
-    return verdicts
+    return check_deployment(model, deployment.serve, capability_if_known(request, deployment),
+                            resolve_vllm_version(request, deployment),
+                            visible_gpus=visible_gpus_if_known(request, deployment),
+                            allow_long_max_model_len=allow_long_max_model_len(deployment))
+
+
+def run_static_checks(request: pytest.FixtureRequest, model: ModelSpec, deployment: Deployment) -> Verdict:
+    """The ``deployment`` marker: :func:`deployment_check`, enforced as the suite's
+    ``test_vllm_load_rules`` enforces it (vLLM's first failure fails; undecided skips)."""
+    __tracebackhide__ = True
+    return expect(deployment_check(request, model, deployment).verdict(), request.node, "vllm_load_rules")
 
 
 def capability_if_known(request: pytest.FixtureRequest, deployment: Deployment | None = None,
@@ -429,19 +455,19 @@ def visible_gpus_if_known(request: pytest.FixtureRequest, deployment: Deployment
 
 
 def fp8_alignment_verdict(request: pytest.FixtureRequest, model: ModelSpec, tp: int, ep: bool,
-                          version: VllmVersion | None, deployment: Deployment | None = None,
-                          arch_override: tuple[int, int] | None = None) -> Verdict:
-    """FP8 block alignment, asking for the GPU's architecture only when the verdict depends on it
-    (re-gridded MoE blocks, vLLM >= 0.29); without one it stays undecided, and the test skips."""
+                          version: VllmVersion | None, arch_override: tuple[int, int] | None = None) -> Verdict:
+    """The ``fp8_block_alignment`` marker: the FP8 block rule at TP (and EP), asking for the GPU's
+    architecture only when the verdict depends on it (re-gridded MoE blocks, vLLM >= 0.29);
+    without one it stays undecided, and the test skips."""
     __tracebackhide__ = True
-    dp = deployment.dp if deployment is not None else 1
-    verdict = check_fp8_block_alignment(model, tp, ep, version, compute_capability=arch_override, dp=dp)
+    layout = ServeArgs(tp=tp, ep=ep)
+    verdict = check_fp8_blocks(model, layout, arch_override, version)
     if verdict.needs is None:
         return verdict
-    capability = capability_if_known(request, deployment, arch_override)
+    capability = capability_if_known(request, None, arch_override)
     if capability is None:
         return verdict
-    return check_fp8_block_alignment(model, tp, ep, version, compute_capability=capability, dp=dp)
+    return check_fp8_blocks(model, layout, capability, version)
 
 
 def memory_fit_verdict(request: pytest.FixtureRequest, model: ModelSpec, *, tp: int,
@@ -450,22 +476,27 @@ def memory_fit_verdict(request: pytest.FixtureRequest, model: ModelSpec, *, tp: 
                        kv_cache_dtype: str = "auto", reserve_gib: float | None = None,
                        pipeline_parallel_size: int = 1, ep: bool = False, dtype: str = "auto",
                        quantization: str | None = None, enforce_eager: bool = False,
-                       max_num_batched_tokens: int | None = None,
-                       deployment: Deployment | None = None, data_parallel_size: int = 1) -> Verdict:
-    """Check memory fit on the GPU snapshot (skips when there is no GPU here and none was named)."""
+                       max_num_batched_tokens: int | None = None) -> Verdict:
+    """The ``memory_fit`` marker on the GPU snapshot (skips when there is no GPU here and none was
+    named); a bad argument raises ValueError naming it, before the GPUs are asked for."""
+    __tracebackhide__ = True
+    args = ServeArgs(tp=tp, pp=pipeline_parallel_size, ep=ep, kv_cache_dtype=kv_cache_dtype, dtype=dtype,
+                     quantization=quantization, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                     max_num_batched_tokens=max_num_batched_tokens, gpu_memory_utilization=gpu_memory_utilization,
+                     enforce_eager=enforce_eager)
+    snapshot = snapshot_with_gpus(request, "no GPU here: pass --gpu-host HOST to check memory fit")
+    version = resolve_vllm_version(request)
+    return checked(lambda: memory_fit(model, snapshot, args, gpus=gpus, vllm_version=version, reserve_gib=reserve_gib,
+                                      allow_long_max_model_len=allow_long_max_model_len()))
+
+
+def deployment_memory_verdict(request: pytest.FixtureRequest, model: ModelSpec, deployment: Deployment) -> Verdict:
+    """The memory rule for the deployment's serve arguments on its GPUs: what the planner runs per row."""
     __tracebackhide__ = True
     snapshot = snapshot_with_gpus(request, "no GPU here: pass --gpu-host HOST to check memory fit")
     version = resolve_vllm_version(request, deployment)
-    allow_long = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true")
-    if deployment is not None:
-        allow_long = allow_long or deployment.serve.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "") in ("1", "true")
-    return checked(lambda: check_memory_fit(
-        model, snapshot, tp, gpus=gpus, gpu_memory_utilization=gpu_memory_utilization,
-        max_model_len=max_model_len, max_num_seqs=max_num_seqs, kv_cache_dtype=kv_cache_dtype,
-        vllm_version=version, reserve_gib=reserve_gib, pipeline_parallel_size=pipeline_parallel_size,
-        data_parallel_size=data_parallel_size, ep=ep, dtype=dtype, quantization=quantization,
-        enforce_eager=enforce_eager,
-        max_num_batched_tokens=max_num_batched_tokens, allow_long_max_model_len=allow_long))
+    return checked(lambda: check_memory(model, deployment.serve, snapshot, gpus=deployment.gpus, vllm_version=version,
+                                        allow_long_max_model_len=allow_long_max_model_len(deployment)))
 
 
 @pytest.fixture(autouse=True)
@@ -495,7 +526,7 @@ def _gpuready_model_markers(request: pytest.FixtureRequest) -> None:
         kv, arch_override, version_override = mla
         version = resolve_vllm_version(request, None, version_override)
         arch = resolve_gpu_arch(request, None, arch_override) if model.is_mla else None
-        expect(check_mla_kv_backend(model, arch, kv, version), node, "mla_kv_backend")
+        expect(check_attention_backend(model, ServeArgs(kv_cache_dtype=kv), arch, version), node, "mla_kv_backend")
     if memory is not None:
         try:
             verdict = memory_fit_verdict(request, model, **memory)
@@ -561,9 +592,12 @@ __all__ = [
     "NO_DEPLOY_FILE",
     "VLLM_VERSION",
     "deploy_config_of",
+    "deployment_check",
+    "deployment_memory_verdict",
     "load_model",
     "marker_kwargs",
     "memory_fit_verdict",
+    "record_judged",
     "resolve_gpu_arch",
     "resolve_vllm_version",
     "run_static_checks",

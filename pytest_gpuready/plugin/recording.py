@@ -7,7 +7,7 @@ or the only process), on the running item:
   junitxml writes for every ``junit_family`` without the warning that the ``record_property``
   fixture raises under xunit2, and which xdist carries to the controller with the report);
 - :func:`add_report_entry` and :func:`record_verdict` add an entry to a report section
-  (``verdicts``, ``servers``, ``teardowns``, ``benchmarks``, ``checks``), tagged with the test's
+  (``verdicts``, ``servers``, ``teardowns``, ``benchmarks``, ``checks``, ``deployments``), tagged with the test's
   nodeid and host.
 
 After each phase (setup, call, teardown), :func:`pytest_runtest_makereport` moves what that
@@ -34,7 +34,7 @@ from pytest_gpuready.verdict import Verdict
 
 PAYLOAD_ATTRIBUTE = "gpuready"
 """The attribute of a TestReport that carries the payload (see the module docstring)."""
-SECTIONS = ("verdicts", "servers", "teardowns", "benchmarks", "checks")
+SECTIONS = ("verdicts", "servers", "teardowns", "benchmarks", "checks", "deployments")
 
 CURRENT_ITEM_KEY = pytest.StashKey[pytest.Item | None]()
 _ENTRIES_KEY = pytest.StashKey[list[tuple[str, dict[str, Any]]]]()

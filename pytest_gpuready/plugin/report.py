@@ -11,7 +11,8 @@ from pytest_gpuready.host.snapshot import HostSnapshot
 
 
 def header_lines(snapshot: HostSnapshot) -> list[str]:
-    """``gpuready: host local via nvml, driver 580.159.04, 1x NVIDIA H200 (143771 MiB, SM90)``."""
+    """``gpuready: host local via nvml, driver 580.159.04, 1x NVIDIA H200 (143771 MiB, SM90), vLLM 0.25.0,
+    CUDA 13.0 (driver), build CUDA 13.0 (torch 2.11.0+cu130)``."""
     if snapshot.no_gpu_reason is not None:
         return [f"gpuready: host {snapshot.host}: {snapshot.no_gpu_reason}"]
     if snapshot.gpus is None:
@@ -26,4 +27,20 @@ def header_lines(snapshot: HostSnapshot) -> list[str]:
         parts.append(f"driver {', '.join(drivers)}")
     parts.append(described)
     parts.append(f"vLLM {snapshot.vllm_version}" if snapshot.vllm_version else "vLLM not installed")
+    cuda = cuda_line(snapshot)
+    if cuda is not None:
+        parts.append(cuda)
     return [", ".join(parts)]
+
+
+def cuda_line(snapshot: HostSnapshot) -> str | None:
+    """``CUDA 13.0 (driver), build CUDA 13.0 (torch 2.11.0+cu130)``, or None without a health reading."""
+    health = snapshot.health
+    if health is None:
+        return None
+    driver = f"CUDA {health.driver_cuda[0]}.{health.driver_cuda[1]} (driver)" if health.driver_cuda else \
+        "driver CUDA unknown"
+    build = health.build
+    if build.cuda is not None:
+        return f"{driver}, build CUDA {build.cuda[0]}.{build.cuda[1]} ({build.cuda_source})"
+    return f"{driver}, build CUDA none ({'torch +cpu' if build.is_cpu_build else 'no CUDA torch/vLLM found'})"

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from pytest_gpuready.errors import ConfigError, GpuReadyError
+from pytest_gpuready.host.clock_events import ClockEventSampler
 from pytest_gpuready.host.hosts import Host, LocalHost
 from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.model.deploy_config import Deployment, Throughput
@@ -416,17 +417,30 @@ class ServingBenchmark:
             pytest.fail(verdict.message, pytrace=False)
         return verdict
 
+    def _throttle_noted(self, verdict: Verdict, concurrency: int) -> Verdict:
+        """A missed threshold at a level the GPUs throttled says so: the cooling was measured, not vLLM."""
+        try:
+            throttled = self.result.at(concurrency).throttled
+        except KeyError:
+            return verdict
+        if verdict.ok or not throttled:
+            return verdict
+        reasons = "; ".join(f"GPU {gpu}: {', '.join(names)}" for gpu, names in sorted(throttled.items()))
+        return replace(verdict, details=(*verdict.details, f"the level ran throttled ({reasons}): the GPUs slowed "
+                                         "themselves, so this measures cooling or power, not the deployment"),
+                       evidence={**verdict.evidence, "throttled": {str(g): list(n) for g, n in throttled.items()}})
+
     def expect_output_throughput(self, concurrency: int, min_tok_s: float) -> Verdict:
         """At least ``min_tok_s`` output tokens/s at ``concurrency`` streams."""
         __tracebackhide__ = True
-        return self._expect(check_output_throughput(self.result, concurrency, min_tok_s, self.context),
-                            f"output_throughput_c{concurrency}")
+        verdict = check_output_throughput(self.result, concurrency, min_tok_s, self.context)
+        return self._expect(self._throttle_noted(verdict, concurrency), f"output_throughput_c{concurrency}")
 
     def expect_latency(self, concurrency: int, metric: str, max_ms: float, stat: str = "p99") -> Verdict:
         """``stat`` of ``metric`` (ttft, tpot, itl, e2el) at most ``max_ms`` at ``concurrency`` streams."""
         __tracebackhide__ = True
-        return self._expect(check_latency(self.result, concurrency, metric, max_ms, self.context, stat),
-                            f"{stat}_{metric}_c{concurrency}")
+        verdict = check_latency(self.result, concurrency, metric, max_ms, self.context, stat)
+        return self._expect(self._throttle_noted(verdict, concurrency), f"{stat}_{metric}_c{concurrency}")
 
     def expect_no_failed_requests(self) -> Verdict:
         __tracebackhide__ = True
@@ -463,6 +477,8 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
         failure: str | None = None
         alive = None if server.is_attached else server.is_alive
         try:
+            gpus = server.spec.gpus
+            kwargs.setdefault("clock_events", lambda: ClockEventSampler(server.host, gpus=gpus))
             result = run_benchmark(server.url, server.model_name, concurrency, alive=alive, **kwargs)
         except ServerGoneError as exc:
             died = server.died_error("during the benchmark",
@@ -484,6 +500,8 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
             record(pytestconfig, f"{prefix}.p99_ttft_ms", round(level.ttft.p99_ms, 2))
             record(pytestconfig, f"{prefix}.mean_tpot_ms", round(level.tpot.mean_ms, 3))
             record(pytestconfig, f"{prefix}.failed", level.failed)
+            if level.clock_events is not None:
+                record(pytestconfig, f"{prefix}.clock_events", level.clock_events.describe())
         add_report_entry(pytestconfig, "benchmarks", {"server": server.describe(), "context": _context(server),
                                                       **result.to_dict()})
         write = _terminal_writer(pytestconfig)

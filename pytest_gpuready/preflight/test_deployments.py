@@ -1,8 +1,10 @@
 """Deployment preflight: will each deployment of ``--gpuready-config`` load, and fit?
 
 One test per check per deployment, with ids like ``test_fp8_block_alignment[MiniMax-M2.5-tp8]``.
-The static checks (TP divisibility, FP8 block alignment, MLA backend) need only the model's
-config; memory fit needs a GPU snapshot and the weights; file completeness needs the weights.
+Each static test reads one verdict of the same :func:`~pytest_gpuready.model.rules.check_deployment`
+call the ``deployment`` marker and the planner make (TP divisibility, FP8 block alignment,
+max_model_len, MLA backend need only the model's config); memory fit is the memory rule, which
+needs a GPU snapshot; file completeness needs the weights.
 Without a deploy file every test skips, saying what to pass.
 """
 
@@ -10,23 +12,14 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_gpuready.model.checks import (
-    GIB,
-    check_mla_kv_backend,
-    check_tp_divisibility,
-)
+from pytest_gpuready.model.checks import GIB
 from pytest_gpuready.model.deploy_config import Deployment
-from pytest_gpuready.model.rules import check_deployment
 from pytest_gpuready.model.spec import ModelSpec, derived_weights_for
 from pytest_gpuready.plugin.model_fixtures import (
     NO_DEPLOY_FILE,
-    capability_if_known,
     deploy_config_of,
-    fp8_alignment_verdict,
-    memory_fit_verdict,
-    resolve_gpu_arch,
-    resolve_vllm_version,
-    visible_gpus_if_known,
+    deployment_check,
+    deployment_memory_verdict,
 )
 from pytest_gpuready.plugin.outcomes import expect
 from pytest_gpuready.verdict import Verdict
@@ -43,49 +36,41 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 def test_tp_divisibility(deployment: Deployment, model_spec: ModelSpec, request: pytest.FixtureRequest) -> None:
-    """Attention heads, KV heads, vocab and MLP widths divide by the TP size."""
-    expect(check_tp_divisibility(model_spec, deployment.tp, ep=deployment.ep), request.node,
+    """Attention heads, KV heads, vocab and MLP widths divide by the TP size (expert widths by
+    TP x DP without EP)."""
+    expect(deployment_check(request, model_spec, deployment).verdicts["tensor_parallel"], request.node,
            "tp_divisibility")
 
 
 def test_fp8_block_alignment(deployment: Deployment, model_spec: ModelSpec,
                              request: pytest.FixtureRequest) -> None:
     """Every TP shard of an FP8 block-quantized checkpoint holds whole weight blocks."""
-    version = resolve_vllm_version(request, deployment)
-    expect(fp8_alignment_verdict(request, model_spec, deployment.tp, deployment.ep, version, deployment),
-           request.node, "fp8_block_alignment")
+    expect(deployment_check(request, model_spec, deployment).verdicts["fp8_block_alignment"], request.node,
+           "fp8_block_alignment")
+
+
+def test_max_model_len(deployment: Deployment, model_spec: ModelSpec, request: pytest.FixtureRequest) -> None:
+    """``serve.max_model_len`` is within the config's max_position_embeddings (no hardware needed)."""
+    expect(deployment_check(request, model_spec, deployment).verdicts["max_model_len"], request.node,
+           "max_model_len")
 
 
 def test_vllm_load_rules(deployment: Deployment, model_spec: ModelSpec, request: pytest.FixtureRequest) -> None:
-    """Every vLLM load-time rule for the deployment's layout, reported as vLLM would fail first
-    (world size, TP order, EP, quantization minimum, FP8 blocks, attention backend, Marlin tiles)."""
-    version = resolve_vllm_version(request, deployment)
-    capability = capability_if_known(request, deployment)
-    check = check_deployment(model_spec, deployment.layout, capability, version,
-                             visible_gpus=visible_gpus_if_known(request, deployment))
-    expect(check.verdict(), request.node, "vllm_load_rules")
+    """Every vLLM load-time rule for the deployment's serve arguments, reported as vLLM would fail
+    first (world size, max_model_len, TP order, EP, quantization minimum, FP8 blocks, attention
+    backend, Marlin tiles): what the ``deployment`` marker enforces."""
+    expect(deployment_check(request, model_spec, deployment).verdict(), request.node, "vllm_load_rules")
 
 
 def test_mla_kv_backend(deployment: Deployment, model_spec: ModelSpec, request: pytest.FixtureRequest) -> None:
     """vLLM has an MLA attention backend for this GPU architecture and KV-cache dtype."""
-    version = resolve_vllm_version(request, deployment)
-    arch = resolve_gpu_arch(request, deployment) if model_spec.is_mla else None
-    expect(check_mla_kv_backend(model_spec, arch, deployment.kv_cache_dtype, version), request.node,
+    expect(deployment_check(request, model_spec, deployment).verdicts["attention_backend"], request.node,
            "mla_kv_backend")
 
 
 def test_memory_fit(deployment: Deployment, model_spec: ModelSpec, request: pytest.FixtureRequest) -> None:
     """Weights plus one max_model_len request's KV cache fit in gpu_memory_utilization of each GPU."""
-    serve = deployment.serve
-    verdict = memory_fit_verdict(
-        request, model_spec, tp=deployment.tp, gpus=deployment.gpus,
-        gpu_memory_utilization=serve.gpu_memory_utilization, max_model_len=serve.max_model_len,
-        max_num_seqs=serve.max_num_seqs, kv_cache_dtype=deployment.kv_cache_dtype,
-        pipeline_parallel_size=deployment.pp, data_parallel_size=deployment.dp, ep=deployment.ep,
-        dtype=serve.dtype,
-        quantization=serve.quantization, enforce_eager=serve.enforce_eager,
-        max_num_batched_tokens=serve.max_num_batched_tokens, deployment=deployment)
-    expect(verdict, request.node, "memory_fit")
+    expect(deployment_memory_verdict(request, model_spec, deployment), request.node, "memory_fit")
 
 
 def test_model_files_complete(deployment: Deployment, model_spec: ModelSpec,

@@ -26,12 +26,13 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import requests as requests_lib
 
 from pytest_gpuready.errors import GpuReadyError
+from pytest_gpuready.host.clock_events import ClockEventRecord, ClockEventSampler
 from pytest_gpuready.serve.loadgen import Endpoint, RequestOutcome, run_coroutine, run_requests
 
 DEFAULT_CONCURRENCY = (1, 8, 64)
@@ -97,6 +98,14 @@ class LevelResult:
     itl: LatencyStats
     e2el: LatencyStats
     errors: tuple[str, ...] = ()
+    clock_events: ClockEventRecord | None = None
+    """The GPUs' clock-event reasons sampled while this level ran (None: not sampled). A level whose
+    GPUs slowed themselves (HW slowdown, thermal, power brake) measured the cooling, not vLLM."""
+
+    @property
+    def throttled(self) -> dict[int, tuple[str, ...]]:
+        """GPU -> throttling reasons seen during the level (empty: none, or not sampled)."""
+        return self.clock_events.throttled if self.clock_events is not None else {}
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -116,6 +125,8 @@ class LevelResult:
             for stat, value in asdict(stats).items():
                 data[f"{stat.removesuffix('_ms')}_{name}_ms"] = value
         data["errors"] = list(self.errors)
+        if self.clock_events is not None:
+            data["clock_events"] = self.clock_events.to_dict()
         return data
 
 
@@ -395,6 +406,7 @@ def run_benchmark(
     timeout_s: float = 600.0,
     extra_body: Mapping[str, Any] | None = None,
     alive: Callable[[], bool] | None = None,
+    clock_events: Callable[[], ClockEventSampler] | None = None,
 ) -> BenchResult:
     """Measure ``model`` at ``url`` at each concurrency; raise :class:`BenchmarkError` if nothing succeeds.
 
@@ -406,6 +418,9 @@ def run_benchmark(
     ``alive`` (e.g. :meth:`VLLMServer.is_alive`) is asked after a failed request and before each
     level; once the server's process is gone the benchmark sends nothing more and raises
     :class:`ServerGoneError` instead of counting failures against a dead port.
+
+    ``clock_events`` makes a :class:`~pytest_gpuready.host.clock_events.ClockEventSampler` per level
+    (e.g. ``lambda: ClockEventSampler(host, gpus=[0, 1])``); what it saw is the level's ``clock_events``.
     """
     levels_wanted = [concurrency] if isinstance(concurrency, int) else list(concurrency)
     if not levels_wanted or any(not isinstance(c, int) or c < 1 for c in levels_wanted):
@@ -429,10 +444,14 @@ def run_benchmark(
         count = _requests_for(requests, level)
         if alive is not None and not alive():
             raise ServerGoneError(f"the server's process is gone before concurrency {level}", 0, 0)
-        outcomes, duration = _run_level(endpoint, model, prompts, concurrency=level,
-                                        requests_total=count, output_tokens=output_tokens,
-                                        timeout_s=timeout_s, extra_body=body, alive=alive)
-        result = calculate_metrics(outcomes, duration, level)
+        sampler = clock_events().start() if clock_events is not None else None
+        try:
+            outcomes, duration = _run_level(endpoint, model, prompts, concurrency=level,
+                                            requests_total=count, output_tokens=output_tokens,
+                                            timeout_s=timeout_s, extra_body=body, alive=alive)
+        finally:
+            record = sampler.stop() if sampler is not None else None
+        result = replace(calculate_metrics(outcomes, duration, level), clock_events=record)
         if result.completed == 0:
             raise BenchmarkError(f"benchmark of {model} at {base}: all {count} requests at concurrency "
                                  f"{level} failed: {'; '.join(result.errors) or 'no error text'}")

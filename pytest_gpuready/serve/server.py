@@ -203,8 +203,8 @@ class VLLMServer:
         """``MiniMax-M2.5, TP=4`` for a spec; ``NAME at URL`` for a server attached without one."""
         if self._placeholder_spec:
             return f"{self.model_name} at {self.url}"
-        text = f"{self.name}, TP={self.spec.tensor_parallel_size}"
-        return f"{text}, EP" if self.spec.enable_expert_parallel else text
+        text = f"{self.name}, TP={self.spec.args.tp}"
+        return f"{text}, EP" if self.spec.args.ep else text
 
     @property
     def url(self) -> str:
@@ -409,7 +409,7 @@ class VLLMServer:
         wait.until_healthy(started)
         # Attached without a served name (a systemd unit serving one model): take the one it serves.
         lenient = self.is_attached and (self.spec.served_model_name is None or self._placeholder_spec)
-        card = wait.served_model(self.spec.model_name, lenient=lenient, max_model_len=self.spec.max_model_len)
+        card = wait.served_model(self.spec.model_name, lenient=lenient, max_model_len=self.spec.args.max_model_len)
         self._served_name = card.served_name
         info = ReadyInfo(self.url, card.model_ids, card.max_model_len, time.monotonic() - started,
                          wait.server_version())

@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from pytest_gpuready.errors import ConfigError
+from pytest_gpuready.model.serve_args import ARGS, ServeArgs
 
 if TYPE_CHECKING:
     from pytest_gpuready.model.deploy_config import Deployment
@@ -30,21 +31,13 @@ MODEL_PLACEHOLDER = "{model}"
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _BIND_RE = re.compile(r"^[A-Za-z0-9_.:-]+$")
-_KV_DTYPE_RE = re.compile(r"^[a-z0-9_]+$")
 
-# Flags that ServeSpec owns: giving them again in extra_args would make the spec lie about
-# what runs (and the readiness check would wait for the wrong port or name).
+# Flags that ServeSpec owns: giving them in args.extra_args would make the spec lie about what
+# runs (and the readiness check would wait for the wrong port or name). The serve arguments'
+# own flags are folded into ServeArgs by its declaration.
 _OWNED_FLAGS: dict[str, str] = {
     "--model": "model",
     "--served-model-name": "served_model_name",
-    "--tensor-parallel-size": "tensor_parallel_size",
-    "-tp": "tensor_parallel_size",
-    "--enable-expert-parallel": "enable_expert_parallel",
-    "-ep": "enable_expert_parallel",
-    "--max-num-seqs": "max_num_seqs",
-    "--max-model-len": "max_model_len",
-    "--gpu-memory-utilization": "gpu_memory_utilization",
-    "--kv-cache-dtype": "kv_cache_dtype",
     "--port": "port",
     "--host": "bind_address",
 }
@@ -64,19 +57,15 @@ class ServeSpec:
     ssh host (the client connects to the host's address). ``command`` is the launch command
     before the model: ``vllm serve`` (model positional) by default; a command that does not end
     in ``serve`` gets ``--model MODEL``; a ``{model}`` placeholder puts the model exactly there.
-    Fields left None are not passed, so vLLM's own defaults apply.
+    ``args`` become the flags after the model (:meth:`ServeArgs.argv`: the fields off vLLM's
+    defaults, then the unmodelled ``extra_args``).
     """
 
     model: str
     served_model_name: str | None = None
     gpus: tuple[int, ...] | None = None
-    tensor_parallel_size: int = 1
-    enable_expert_parallel: bool = False
-    max_num_seqs: int | None = None
-    max_model_len: int | None = None
-    gpu_memory_utilization: float | None = None
-    kv_cache_dtype: str | None = None
-    extra_args: tuple[str, ...] = ()
+    args: ServeArgs = field(default_factory=ServeArgs)
+    """Every serve argument the checks judge, and the unmodelled ``extra_args`` after them."""
     env: Mapping[str, str] = field(default_factory=dict, hash=False)
     port: int | None = None
     bind_address: str | None = None
@@ -86,9 +75,8 @@ class ServeSpec:
 
     def __post_init__(self) -> None:
         # Normalise sequences and mappings so a frozen spec stays immutable and comparable.
-        if isinstance(self.extra_args, str):
-            raise _fail("extra_args", "a list of arguments (not one string)", self.extra_args)
-        object.__setattr__(self, "extra_args", tuple(str(a) for a in self.extra_args))
+        if not isinstance(self.args, ServeArgs):
+            raise _fail("args", "a ServeArgs (the serve arguments)", self.args)
         if self.gpus is not None:
             if isinstance(self.gpus, (str, bytes)) or not isinstance(self.gpus, Sequence):
                 raise _fail("gpus", "a list of GPU indexes like [0, 1, 2, 3]", self.gpus)
@@ -107,8 +95,8 @@ class ServeSpec:
 
     def describe(self) -> str:
         """``MiniMax-M2.5, TP=4`` (``, EP`` when expert parallel): the deployment in one phrase."""
-        text = f"{self.display_name}, TP={self.tensor_parallel_size}"
-        return f"{text}, EP" if self.enable_expert_parallel else text
+        text = f"{self.display_name}, TP={self.args.tp}"
+        return f"{text}, EP" if self.args.ep else text
 
     def with_port(self, port: int) -> ServeSpec:
         return replace(self, port=port)
@@ -119,13 +107,10 @@ class ServeSpec:
             "model": self.model,
             "served_model_name": self.model_name,
             "gpus": list(self.gpus) if self.gpus is not None else None,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "enable_expert_parallel": self.enable_expert_parallel,
-            "max_num_seqs": self.max_num_seqs,
-            "max_model_len": self.max_model_len,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
-            "kv_cache_dtype": self.kv_cache_dtype,
-            "extra_args": list(self.extra_args),
+            **{arg.vllm_name: getattr(self.args, name) for name, arg in ARGS.items()},
+            "extra_args": list(self.args.extra_args),
+            "serve_args": self.args.to_record(),
+            "argv": self.args.argv(),
             "port": self.port,
             "command": self.command,
         }
@@ -139,8 +124,6 @@ def validate(spec: ServeSpec) -> None:
         not isinstance(spec.served_model_name, str) or not spec.served_model_name.strip()
     ):
         raise _fail("served_model_name", "a non-empty name or None", spec.served_model_name)
-    if not _is_int(spec.tensor_parallel_size) or spec.tensor_parallel_size < 1:
-        raise _fail("tensor_parallel_size", "a whole number >= 1", spec.tensor_parallel_size)
     if spec.gpus is not None:
         if not spec.gpus:
             raise _fail("gpus", "at least one GPU index, or None for all GPUs", spec.gpus)
@@ -149,25 +132,12 @@ def validate(spec: ServeSpec) -> None:
                 raise _fail("gpus", "GPU indexes >= 0", spec.gpus)
         if len(set(spec.gpus)) != len(spec.gpus):
             raise _fail("gpus", "each GPU index once", spec.gpus)
-        if len(spec.gpus) < spec.tensor_parallel_size:
+        if len(spec.gpus) < spec.args.total_gpus:
+            layout = spec.args.describe().split(" KV ")[0]
             raise ConfigError(
-                f"ServeSpec.gpus: tensor_parallel_size={spec.tensor_parallel_size} needs at least "
-                f"{spec.tensor_parallel_size} GPUs, got {len(spec.gpus)} ({list(spec.gpus)})"
+                f"ServeSpec.gpus: {layout} needs at least {spec.args.total_gpus} GPUs, "
+                f"got {len(spec.gpus)} ({list(spec.gpus)})"
             )
-    if not isinstance(spec.enable_expert_parallel, bool):
-        raise _fail("enable_expert_parallel", "true or false", spec.enable_expert_parallel)
-    for name in ("max_num_seqs", "max_model_len"):
-        value = getattr(spec, name)
-        if value is not None and (not _is_int(value) or value < 1):
-            raise _fail(name, "a whole number >= 1 or None", value)
-    util = spec.gpu_memory_utilization
-    if util is not None and (isinstance(util, bool) or not isinstance(util, (int, float))
-                             or not 0 < util <= 1):
-        raise _fail("gpu_memory_utilization", "a fraction in (0, 1] like 0.9", util)
-    if spec.kv_cache_dtype is not None and (
-        not isinstance(spec.kv_cache_dtype, str) or not _KV_DTYPE_RE.match(spec.kv_cache_dtype)
-    ):
-        raise _fail("kv_cache_dtype", "a vLLM KV cache dtype such as auto, fp8, fp8_e4m3", spec.kv_cache_dtype)
     if spec.port is not None and (not _is_int(spec.port) or not 0 < spec.port < 65536):
         raise _fail("port", "a TCP port 1-65535, or None to pick a free one", spec.port)
     if spec.bind_address is not None and (
@@ -181,11 +151,11 @@ def validate(spec: ServeSpec) -> None:
             raise ConfigError(f"ServeSpec.env[{key!r}]: expected a string value, got {value!r}")
     if "CUDA_VISIBLE_DEVICES" in spec.env and spec.gpus is not None:
         raise ConfigError("ServeSpec.env: CUDA_VISIBLE_DEVICES is set from ServeSpec.gpus; give one, not both")
-    for arg in spec.extra_args:
+    for arg in spec.args.extra_args:
         flag = arg.split("=", 1)[0]
         if flag in _OWNED_FLAGS:
             raise ConfigError(
-                f"ServeSpec.extra_args: {flag} is set by ServeSpec.{_OWNED_FLAGS[flag]}; "
+                f"ServeSpec.args.extra_args: {flag} is set by ServeSpec.{_OWNED_FLAGS[flag]}; "
                 "set that field instead"
             )
     try:
@@ -215,26 +185,13 @@ def build_argv(spec: ServeSpec, *, port: int | None = None, bind_address: str | 
     argv = command_words(spec)
     if spec.served_model_name:
         argv += ["--served-model-name", spec.served_model_name]
-    if spec.tensor_parallel_size != 1:
-        argv += ["--tensor-parallel-size", str(spec.tensor_parallel_size)]
-    if spec.enable_expert_parallel:
-        argv.append("--enable-expert-parallel")
-    if spec.max_num_seqs is not None:
-        argv += ["--max-num-seqs", str(spec.max_num_seqs)]
-    if spec.max_model_len is not None:
-        argv += ["--max-model-len", str(spec.max_model_len)]
-    if spec.gpu_memory_utilization is not None:
-        argv += ["--gpu-memory-utilization", f"{spec.gpu_memory_utilization:g}"]
-    if spec.kv_cache_dtype is not None:
-        argv += ["--kv-cache-dtype", spec.kv_cache_dtype]
     address = bind_address if bind_address is not None else spec.bind_address
     if address is not None:
         argv += ["--host", address]
     chosen_port = port if port is not None else spec.port
     if chosen_port is not None:
         argv += ["--port", str(chosen_port)]
-    argv += list(spec.extra_args)
-    return argv
+    return argv + spec.args.argv()
 
 
 def build_env(spec: ServeSpec) -> dict[str, str]:
@@ -262,20 +219,15 @@ def spec_from_deployment(deployment: Deployment, *, command: str = DEFAULT_COMMA
     """The :class:`ServeSpec` a deploy-file deployment describes.
 
     The model path is the resolved one; the label (used in messages) is the model directory's
-    name, e.g. ``MiniMax-M2.5``. ``kv_cache_dtype: auto`` is left to vLLM (not passed).
+    name, e.g. ``MiniMax-M2.5``. The serve arguments are the deployment's, whole: what the
+    checks judged is what is launched.
     """
     return ServeSpec(
         model=deployment.model_path,
         served_model_name=served_model_name,
         gpus=deployment.gpus,
-        tensor_parallel_size=deployment.tp,
-        enable_expert_parallel=deployment.ep,
-        max_num_seqs=deployment.serve.max_num_seqs,
-        max_model_len=deployment.serve.max_model_len,
-        gpu_memory_utilization=deployment.serve.gpu_memory_utilization,
-        kv_cache_dtype=None if deployment.kv_cache_dtype == "auto" else deployment.kv_cache_dtype,
-        extra_args=tuple(deployment.serve.extra_args),
-        env=dict(deployment.serve.env),
+        args=deployment.serve,
+        env=dict(deployment.env),
         command=command,
         label=PurePath(deployment.model.rstrip("/")).name or deployment.name,
     )

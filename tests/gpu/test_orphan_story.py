@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from pytest_gpuready import LocalHost, ServerFactory, ServeSpec, check_gpus_clean, snapshot
+from pytest_gpuready import LocalHost, ServeArgs, ServerFactory, ServeSpec, check_gpus_clean, snapshot
 from pytest_gpuready.host.orphans import find_orphans
 
 MODEL = os.environ.get("GPUREADY_GPU_MODEL", "")
@@ -65,7 +65,7 @@ def wait_until(predicate: Any, timeout_s: float, what: str) -> float:
 
 
 def test_orphaned_engine_named_reaped_and_the_gpu_clean(vllm_server: ServerFactory, pytester: pytest.Pytester) -> None:
-    spec = ServeSpec(model=MODEL, served_model_name="m1b", max_model_len=4096, command=COMMAND)
+    spec = ServeSpec(model=MODEL, served_model_name="m1b", args=ServeArgs(max_model_len=4096), command=COMMAND)
     server = vllm_server(spec)
     assert server.footprint is not None
     _report("footprint", server.footprint.to_dict())

@@ -354,15 +354,15 @@ def test_precedence_cli_over_env_over_ini(pytester: pytest.Pytester, monkeypatch
 
 def test_preflight_without_a_deploy_file_skips_saying_what_to_pass(pytester: pytest.Pytester, no_gpu: None) -> None:
     result = pytester.runpytest(*PLUGIN, *DEPLOYMENTS, "-rs")
-    result.assert_outcomes(skipped=7)
+    result.assert_outcomes(skipped=8)
     assert result.stdout.str().count("no deploy file: pass --gpuready-config FILE (or set GPUREADY_CONFIG) to "
-                                     "check deployments") == 7
+                                     "check deployments") == 8
 
 
 def test_preflight_on_the_shipped_example(pytester: pytest.Pytester, no_gpu: None) -> None:
     """The README's main job: the TP=8 and Kimi-on-SM120 failures, the rest passing, GPU checks skipped."""
     result = pytester.runpytest(*PLUGIN, *DEPLOYMENTS, "--gpuready-config", str(EXAMPLE), "-rs", "-v")
-    result.assert_outcomes(passed=17, failed=4, skipped=14)
+    result.assert_outcomes(passed=22, failed=4, skipped=14)
     result.stdout.fnmatch_lines_random([
         "*test_tp_divisibility[[]MiniMax-M2.5-tp4[]] PASSED*",
         "*test_weights_footprint_expectation[[]MiniMax-M2.5-tp4[]] PASSED*",
@@ -439,7 +439,7 @@ def test_memory_fit_and_files_on_the_stand_in_box(pytester: pytest.Pytester, sta
                                                   sparse_minimax: Path) -> None:
     standin("rtx8-clean")
     result = pytester.runpytest(*PLUGIN, *DEPLOYMENTS, "--gpuready-config", "deploy.yaml", "-v")
-    result.assert_outcomes(passed=7)
+    result.assert_outcomes(passed=8)
     result.stdout.fnmatch_lines_random([
         "*test_vllm_load_rules[[]MiniMax-M2.5-tp4[]] PASSED*",
         "*test_memory_fit[[]MiniMax-M2.5-tp4[]] PASSED*",
@@ -498,7 +498,8 @@ def test_deployment_fixture_without_a_name(pytester: pytest.Pytester) -> None:
     ("model(42)\n        @pytest.mark.fp8_block_alignment(tp=1)", "@pytest.mark.model: path=42; expected a model "
                                                                   "directory path"),
     ("memory_fit(tp=4, gpu_memory_utilization=1.5)",
-     "@pytest.mark.memory_fit: arguments={*}; expected gpu_memory_utilization must be in (0, 1], got 1.5"),
+     "@pytest.mark.memory_fit: arguments={*}; expected ServeArgs.gpu_memory_utilization (--gpu-memory-utilization): "
+     "expected a number > 0 and <= 1, got 1.5"),
 ])
 def test_more_bad_marker_arguments(pytester: pytest.Pytester, models: Path, standin: Standin, marker: str,
                                    message: str) -> None:

@@ -17,7 +17,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 FAILING = """
 from pytest_gpuready import ServeSpec
 
-SPEC = ServeSpec(model="/models/MiniMax-M2.5", label="MiniMax-M2.5", tensor_parallel_size=1)
+SPEC = ServeSpec(model="/models/MiniMax-M2.5", label="MiniMax-M2.5")
 
 def test_first(vllm_server):
     vllm_server(SPEC)

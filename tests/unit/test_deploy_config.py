@@ -38,8 +38,9 @@ def test_shipped_example() -> None:
     assert (tp4.expect.weights_per_gpu_gib_min, tp4.expect.weights_per_gpu_gib_max) == (50, 57)
     assert config.get("MiniMax-M2.5-tp8-ep").ep is True
     assert config.get("Kimi-K2.5-NVFP4-tp8-bf16kv").kv_cache_dtype == "bfloat16"
-    assert tp4.vllm_args()[1:] == ["--tensor-parallel-size", "4", "--max-model-len", "196608", "--max-num-seqs",
-                                   "256", "--gpu-memory-utilization", "0.9", "--trust-remote-code"]
+    assert tp4.serve.argv() == ["--tensor-parallel-size", "4", "--max-model-len", "196608", "--max-num-seqs",
+                                "256", "--gpu-memory-utilization", "0.9", "--trust-remote-code"]
+    assert tp4.serve.extra_args == ("--trust-remote-code",)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -57,7 +58,7 @@ def test_minimal_defaults(tmp_path: Path) -> None:
     assert (deployment.tp, deployment.gpus) == (2, None)
     assert (deployment.kv_cache_dtype, deployment.vllm_version) == ("auto", None)
     assert deployment.model_path == str(tmp_path / "models" / "tiny")
-    assert deployment.vllm_args()[3:] == ["--gpu-memory-utilization", "0.9"]
+    assert deployment.serve.argv() == ["--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.9"]
 
 
 def test_tp_from_the_gpu_list_and_defaults_merge(tmp_path: Path) -> None:
@@ -77,7 +78,7 @@ deployments:
     assert not deployment.model_is_relative
     assert deployment.serve.gpu_memory_utilization == 0.85
     assert deployment.serve.max_model_len == 32000
-    assert deployment.serve.env == {"NCCL_P2P_DISABLE": "1"}
+    assert deployment.env == {"NCCL_P2P_DISABLE": "1"}
     assert str(deployment.vllm_version) == "0.29.0"
 
 
@@ -85,7 +86,7 @@ def test_data_parallel_engines_take_tp_x_pp_x_dp_gpus(tmp_path: Path) -> None:
     eight = "    dp: 2\n    pp: 2\n    gpus: [0, 1, 2, 3, 4, 5, 6, 7]\n"
     deployment = load(tmp_path, MINIMAL.replace("    tp: 2\n", eight))
     assert (deployment.tp, deployment.pp, deployment.dp) == (2, 2, 2)
-    assert deployment.vllm_args()[1:7] == ["--tensor-parallel-size", "2", "--pipeline-parallel-size", "2",
+    assert deployment.serve.argv()[:6] == ["--tensor-parallel-size", "2", "--pipeline-parallel-size", "2",
                                            "--data-parallel-size", "2"]
 
 
@@ -96,7 +97,8 @@ def test_human_readable_max_model_len(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     (MINIMAL.replace("tp: 2", "tensor_parallel: 2"),
-     "deployment 'tiny': unknown key 'tensor_parallel'; expected one of: name, description, model, gpus, tp, pp, "
+     "deployment 'tiny': unknown key 'tensor_parallel' (did you mean 'tensor_parallel_size'?); expected one of: "
+     "name, description, model, gpus, tp, pp, "
      "dp, ep, kv_cache_dtype, gpu_arch, vllm_version, serve, expect"),
     (MINIMAL.replace("tp: 2", "tp: 2\n    kv_cache_dtyp: fp8"),
      "deployment 'tiny': unknown key 'kv_cache_dtyp' (did you mean 'kv_cache_dtype'?); expected one of: "),

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from pytest_gpuready.model.checks import memory_plan
-from pytest_gpuready.model.memory import GIB, MIB, ServeSettings
+from pytest_gpuready.model.memory import GIB, MIB
+from pytest_gpuready.model.serve_args import ServeArgs
 from pytest_gpuready.model.spec import ModelSpec, model_spec_from_config
 from pytest_gpuready.model.vllm_version import parse_vllm_version
 
@@ -60,15 +61,13 @@ def test_predicted_kv_cache_within_two_percent_of_vllm(path: Path) -> None:
     log = read_log(path)
     args: dict[str, object] = log["args"]  # type: ignore[assignment]
     name = "llama-1b" if "llama-1b" in path.name else "Llama-3.1-8B"
-    settings = ServeSettings(
+    settings = ServeArgs(
         gpu_memory_utilization=float(args["gpu_memory_utilization"]),  # type: ignore[arg-type]
         max_model_len=int(args["max_model_len"]),  # type: ignore[call-overload]
         max_num_seqs=args.get("max_num_seqs"),  # type: ignore[arg-type]
         max_num_batched_tokens=args.get("max_num_batched_tokens"),  # type: ignore[arg-type]
-        enforce_eager=bool(args.get("enforce_eager")))
-    plan = memory_plan(model(name), H200_CUDA_TOTAL, 1, settings=settings,
-                       kv_cache_dtype=str(args.get("kv_cache_dtype", "auto")),
-                       version=parse_vllm_version("0.25.0"))
+        enforce_eager=bool(args.get("enforce_eager")), kv_cache_dtype=str(args.get("kv_cache_dtype", "auto")))
+    plan = memory_plan(model(name), H200_CUDA_TOTAL, settings, version=parse_vllm_version("0.25.0"))
     predicted_gib = (plan.budget_bytes - plan.non_kv_bytes) / GIB
     fits = predicted_gib > 0
     assert fits == (not log["failed"]), f"{path.name}: predicted {predicted_gib:.2f} GiB"

@@ -596,7 +596,8 @@ def test_memory_fit_without_gpus_raises_no_gpu() -> None:
 
 
 def test_gpu_memory_utilization_out_of_range(minimax_weights: ModelSpec) -> None:
-    with pytest.raises(ValueError, match=r"gpu_memory_utilization must be in \(0, 1\], got 1.5"):
+    with pytest.raises(ValueError, match=r"gpu_memory_utilization \(--gpu-memory-utilization\): expected a number "
+                       r"> 0 and <= 1, got 1.5"):
         check_memory_fit(minimax_weights, rtx(), 4, gpu_memory_utilization=1.5)
 
 

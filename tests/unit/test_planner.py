@@ -19,7 +19,8 @@ from pytest_gpuready import Layout
 from pytest_gpuready.host.gpus import parse_query_gpu
 from pytest_gpuready.host.snapshot import GpuLink, HostSnapshot, Topology
 from pytest_gpuready.host.topology import parse_topo_matrix
-from pytest_gpuready.model.deploy_config import ServeArgs, load_deploy_config
+from pytest_gpuready.model.deploy_config import load_deploy_config
+from pytest_gpuready.model.serve_args import ServeArgs
 from pytest_gpuready.model.spec import ModelSpec, inspect_model, model_spec_from_config
 from pytest_gpuready.model.vllm_version import parse_vllm_version
 from pytest_gpuready.plan.cli import main
@@ -271,7 +272,7 @@ def test_write_deploy_is_loaded_and_run_by_the_preflight(tmp_path: Path) -> None
     assert first.gpu_arch == (12, 0)
     dp2 = config.deployments[2]
     assert (dp2.dp, dp2.tp, dp2.gpus) == (2, 2, (0, 1, 2, 3))
-    assert "--data-parallel-size" in dp2.vllm_args()
+    assert "--data-parallel-size" in dp2.serve.argv()
     result = subprocess.run(
         # The deployment half of the preflight (the host half reads this machine's /dev/shm).
         [sys.executable, "-m", "pytest", "--pyargs", "pytest_gpuready.preflight.test_deployments",

@@ -56,11 +56,12 @@ def test_layout_validates_and_describes() -> None:
     assert Layout(tp=4, pp=2, dp=2, kv_cache_dtype="fp8").describe() == "DP=2 TP=4 PP=2 KV fp8"
     assert Layout(tp=4, dp=2, ep=True).ep_size == 8
     assert Layout(tp=4, dp=2).moe_tp_size == 8
-    assert Layout(tp=8, pp=2, ep=True).vllm_args() == [
-        "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2", "--enable-expert-parallel"]
-    with pytest.raises(ValueError, match=r"Layout tp=0: expected a whole number >= 1"):
+    assert Layout(tp=8, pp=2, ep=True).argv() == [
+        "--tensor-parallel-size", "8", "--pipeline-parallel-size", "2", "--enable-expert-parallel",
+        "--gpu-memory-utilization", "0.9"]
+    with pytest.raises(ValueError, match=r"ServeArgs.tp \(--tensor-parallel-size\): expected a whole number >= 1"):
         Layout(tp=0)
-    with pytest.raises(ValueError, match=r"Layout kv_cache_dtype='fp4': expected one of auto, "):
+    with pytest.raises(ValueError, match=r"ServeArgs.kv_cache_dtype \(--kv-cache-dtype\): expected one of auto, "):
         Layout(kv_cache_dtype="fp4")
 
 
@@ -289,5 +290,5 @@ def test_a_deployment_as_one_verdict() -> None:
     assert undecided.needs == "the GPU's compute capability (pass --gpu-arch SM, or --gpu-host HOST)"
     loading = check_deployment(MINIMAX, Layout(tp=8), (12, 0), "0.32.0").verdict()
     assert loading.ok
-    assert loading.summary == "MiniMax-M2.5 at TP=8: every vLLM load rule holds (6 rules)"
+    assert loading.summary == "MiniMax-M2.5 at TP=8: every vLLM load rule holds (7 rules)"
     assert any("refined from [128, 128] to [64, 64]" in w for w in loading.warnings)

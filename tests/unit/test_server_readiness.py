@@ -17,7 +17,7 @@ from typing import ClassVar
 
 import pytest
 
-from pytest_gpuready import ConfigError, EngineDeadError, ServerMismatchError, ServeSpec, VLLMServer
+from pytest_gpuready import ConfigError, EngineDeadError, ServeArgs, ServerMismatchError, ServeSpec, VLLMServer
 
 
 def model_card(name: str, max_model_len: int) -> dict[str, object]:
@@ -74,7 +74,7 @@ def test_health_503_means_the_engine_is_dead(stand_in: tuple[str, type[StandIn]]
 
 def test_max_model_len_other_than_the_spec_is_a_mismatch(stand_in: tuple[str, type[StandIn]]) -> None:
     url, _ = stand_in
-    spec = ServeSpec(model="/m", served_model_name="MiniMax-M2.5", max_model_len=131072)
+    spec = ServeSpec(model="/m", served_model_name="MiniMax-M2.5", args=ServeArgs(max_model_len=131072))
     with pytest.raises(ServerMismatchError, match=r"max_model_len is 196608, the spec asks 131072"):
         VLLMServer.attach(url, spec).start()
 

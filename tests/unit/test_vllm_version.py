@@ -25,6 +25,7 @@ from pytest_gpuready.model.vllm_version import (
     ("0.18", (0, 18, 0), None, None, None),
     ("v0.9.2", (0, 9, 2), None, None, None),
     ("0.10.1.post1", (0, 10, 1), None, None, None),
+    ("0.10.1.1", (0, 10, 1), None, None, None),
 ])
 def test_parse(text: str, release: tuple[int, int, int], pre: tuple[str, int] | None, dev: int | None,
                local: str | None) -> None:
@@ -37,8 +38,8 @@ def test_parse(text: str, release: tuple[int, int, int], pre: tuple[str, int] | 
 def test_parse_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="is not a vLLM version") as info:
         parse_vllm_version(text)
-    assert str(info.value) == (f"{text!r} is not a vLLM version; expected a version like 0.17.0, 0.11.0rc2 or "
-                               "0.32.0+cpu")
+    assert str(info.value) == (f"{text!r} is not a vLLM version; expected a version like 0.17.0, 0.10.1.1, "
+                               "0.11.0rc2 or 0.32.0+cpu")
 
 
 def test_pep440_ordering() -> None:
@@ -47,6 +48,16 @@ def test_pep440_ordering() -> None:
     assert [str(v) for v in sorted(parse_vllm_version(t) for t in shuffled)] == texts
     assert parse_vllm_version("0.29.0") > parse_vllm_version("0.28.9")
     assert parse_vllm_version("0.9.0") < parse_vllm_version("0.10.0")
+
+
+def test_four_part_releases() -> None:
+    """vLLM 0.10.1.1 is a real release (https://pypi.org/project/vllm/0.10.1.1/, a hotfix of 0.10.1):
+    it sorts after 0.10.1 and before 0.10.2, and follows 0.10.1's rules."""
+    hotfix = parse_vllm_version("0.10.1.1")
+    assert parse_vllm_version("0.10.1") < hotfix < parse_vllm_version("0.10.1.2") < parse_vllm_version("0.10.2")
+    assert hotfix.tail == (1,)
+    assert hotfix.at_least(0, 10, 1)
+    assert not hotfix.at_least(0, 10, 2)
 
 
 def test_release_candidates_count_as_the_release_for_rules() -> None:
@@ -96,6 +107,12 @@ def test_read_vllm_from_a_host(tmp_path: Path) -> None:
     python = _python_with(tmp_path, "vllm-0.17.0.dist-info", "0.17.0")
     installed = read_installed_vllm(LocalHost(), python=python)
     assert (installed.distribution, str(installed.version)) == ("vllm", "0.17.0")
+
+
+def test_read_a_four_part_version_from_a_host(tmp_path: Path) -> None:
+    python = _python_with(tmp_path, "vllm-0.10.1.1.dist-info", "0.10.1.1")
+    installed = read_installed_vllm(LocalHost(), python=python)
+    assert (installed.distribution, str(installed.version)) == ("vllm", "0.10.1.1")
 
 
 def test_python_missing_on_the_host() -> None:

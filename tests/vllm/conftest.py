@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_gpuready import LocalHost, ServeSpec, snapshot
+from pytest_gpuready import LocalHost, ServeArgs, ServeSpec, snapshot
 from pytest_gpuready.serve.footprint import short_gpu_name
 from pytest_gpuready.serve.processes import process_start_time, session_members
 from tests.tiny_model import SERVED_NAME, write_tiny_llama
@@ -64,7 +64,7 @@ def tiny_spec(tiny_model_dir: Path) -> ServeSpec:
     return ServeSpec(
         model=str(tiny_model_dir),
         served_model_name=SERVED_NAME,
-        max_model_len=MAX_MODEL_LEN,
+        args=ServeArgs(max_model_len=MAX_MODEL_LEN),
         command=API_SERVER_COMMAND,
         env=SERVER_ENV,
     )

@@ -38,10 +38,10 @@ while not os.path.exists(stop):
 """
 
 INNER = """
-from pytest_gpuready import ServeSpec
+from pytest_gpuready import ServeArgs, ServeSpec
 
 def test_start(vllm_server):
-    server = vllm_server(ServeSpec(model={model!r}, served_model_name="tiny-llama", max_model_len=1024,
+    server = vllm_server(ServeSpec(model={model!r}, served_model_name="tiny-llama", args=ServeArgs(max_model_len=1024),
                                    command={command!r}, env={env!r}))
     assert server.footprint is not None
 """

@@ -38,7 +38,7 @@ BAD_FLAG = "--definitely-not-a-flag"
 
 
 def test_bad_argument_fails_at_once_with_exit_code_and_log_tail(tiny_spec: ServeSpec, tmp_path: Path) -> None:
-    spec = dataclasses.replace(tiny_spec, extra_args=(BAD_FLAG,))
+    spec = dataclasses.replace(tiny_spec, args=dataclasses.replace(tiny_spec.args, extra_args=(BAD_FLAG,)))
     server = VLLMServer(spec, LocalHost(), log_dir=tmp_path, ready_timeout_s=1800)
     with pytest.raises(ServerExitedError) as excinfo:
         server.start()
@@ -60,7 +60,7 @@ def test_bad_argument_over_ssh_is_reported_from_the_remote_log(
                    ssh_options=loopback_sshd.ssh_options, connect_timeout=5)
     assert isinstance(host, SSHHost)
     try:
-        spec = dataclasses.replace(tiny_spec, extra_args=(BAD_FLAG,))
+        spec = dataclasses.replace(tiny_spec, args=dataclasses.replace(tiny_spec.args, extra_args=(BAD_FLAG,)))
         server = VLLMServer(spec, host, ready_timeout_s=1800)
         with pytest.raises(ServerExitedError) as excinfo:
             server.start()
@@ -117,11 +117,11 @@ def test_kill_9_leaves_shm_files_that_shm_clean_reports(tiny_spec: ServeSpec, tm
 
 
 INNER_TEST = """
-from pytest_gpuready import ServeSpec
+from pytest_gpuready import ServeArgs, ServeSpec
 
 
 def test_start(vllm_server):
-    vllm_server(ServeSpec(model={model!r}, served_model_name="tiny-llama", max_model_len=1024,
+    vllm_server(ServeSpec(model={model!r}, served_model_name="tiny-llama", args=ServeArgs(max_model_len=1024),
                           command={command!r}, env={env!r}))
 """
 
@@ -203,7 +203,8 @@ def test_sigkill_of_pytest_stops_its_ready_server(
 
 
 def test_a_bad_max_model_len_leads_with_vllms_reason(tiny_spec: ServeSpec, tmp_path: Path) -> None:
-    spec = dataclasses.replace(tiny_spec, max_model_len=65536)  # the tiny model has 2048 positions
+    # the tiny model has 2048 positions
+    spec = dataclasses.replace(tiny_spec, args=dataclasses.replace(tiny_spec.args, max_model_len=65536))
     server = VLLMServer(spec, LocalHost(), log_dir=tmp_path, ready_timeout_s=1800)
     with pytest.raises(ServerExitedError) as excinfo:
         server.start()
@@ -217,10 +218,10 @@ def test_a_bad_max_model_len_leads_with_vllms_reason(tiny_spec: ServeSpec, tmp_p
 
 BENCH_TEST = """
 import os, signal, threading, time
-from pytest_gpuready import ServeSpec
+from pytest_gpuready import ServeArgs, ServeSpec
 
-SPEC = ServeSpec(model={model!r}, served_model_name="tiny-llama", max_model_len=1024, command={command!r},
-                 env={env!r})
+SPEC = ServeSpec(model={model!r}, served_model_name="tiny-llama", args=ServeArgs(max_model_len=1024),
+                 command={command!r}, env={env!r})
 
 
 def kill_once_serving(server):

@@ -9,28 +9,35 @@ where ``capability`` is the GPU's compute capability (``(12, 0)``, ``"sm120"``) 
 without the capability returns ``Verdict.undecided`` (``verdict.needs`` says what it needs); a
 failing verdict reads like vLLM's own error and records where vLLM raises it
 (``evidence["vllm_stage"]``). :func:`check_deployment` runs them all (plus the world size when
-the number of visible GPUs is known) and names the failure vLLM would report first.
+the number of visible GPUs is known, and memory fit when the GPUs are) and names the failure vLLM
+would report first. It is the one path: the ``deployment`` marker, the preflight suite, the
+planner and library callers all judge a deployment through it, on its
+:class:`~pytest_gpuready.model.serve_args.ServeArgs` (``Layout``).
 
 Each rule's module docstring gives its vLLM source locations and the versions it holds for.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from pytest_gpuready.model.layout import Layout
+from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.model.rules.attention import check_attention_backend
 from pytest_gpuready.model.rules.common import Capability, Rule, coerce_capability, stage_of, version_of
+from pytest_gpuready.model.rules.context import check_context_length
 from pytest_gpuready.model.rules.fp8 import check_fp8_blocks
 from pytest_gpuready.model.rules.marlin import check_marlin_fp8
+from pytest_gpuready.model.rules.memory import check_memory
 from pytest_gpuready.model.rules.parallel import check_expert_parallel, check_tensor_parallel, check_world_size
 from pytest_gpuready.model.rules.quantization import check_quantization_capability
+from pytest_gpuready.model.serve_args import Layout
 from pytest_gpuready.model.spec import ModelSpec
 from pytest_gpuready.model.vllm_version import VllmVersion
 from pytest_gpuready.verdict import Verdict
 
 RULES: Mapping[str, Rule] = {
+    "max_model_len": check_context_length,
     "tensor_parallel": check_tensor_parallel,
     "expert_parallel": check_expert_parallel,
     "quantization_capability": check_quantization_capability,
@@ -110,15 +117,24 @@ class DeploymentCheck:
 
 def check_deployment(model: ModelSpec, layout: Layout, capability: Capability | str | None = None,
                      vllm_version: VllmVersion | str | None = None, *,
-                     visible_gpus: int | None = None) -> DeploymentCheck:
-    """Run every rule for one layout; ``visible_gpus`` adds the world-size rule."""
+                     visible_gpus: int | None = None, snapshot: HostSnapshot | None = None,
+                     gpus: Sequence[int] | None = None, allow_long_max_model_len: bool = False) -> DeploymentCheck:
+    """Run every rule for one layout (its whole :class:`ServeArgs`); ``visible_gpus`` adds the
+    world-size rule, ``snapshot`` (with the deployment's ``gpus``) the memory fit;
+    ``allow_long_max_model_len`` is ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``."""
     cap = coerce_capability(capability)
     version = version_of(vllm_version)
     verdicts: dict[str, Verdict] = {}
     if visible_gpus is not None:
         verdicts["world_size"] = check_world_size(layout, visible_gpus, version)
     for name, rule in RULES.items():
-        verdicts[name] = rule(model, layout, cap, version)
+        if name == "max_model_len":
+            verdicts[name] = check_context_length(model, layout, cap, version, allow_long=allow_long_max_model_len)
+        else:
+            verdicts[name] = rule(model, layout, cap, version)
+    if snapshot is not None:
+        verdicts["memory"] = check_memory(model, layout, snapshot, gpus=gpus, vllm_version=version,
+                                          allow_long_max_model_len=allow_long_max_model_len)
     return DeploymentCheck(model.name, layout, verdicts)
 
 
@@ -129,10 +145,12 @@ __all__ = [
     "Layout",
     "Rule",
     "check_attention_backend",
+    "check_context_length",
     "check_deployment",
     "check_expert_parallel",
     "check_fp8_blocks",
     "check_marlin_fp8",
+    "check_memory",
     "check_quantization_capability",
     "check_tensor_parallel",
     "check_world_size",

@@ -10,9 +10,9 @@ embedding and that layer's projections, and before its MLP.
 from __future__ import annotations
 
 from pytest_gpuready.model.checks import check_mla_kv_backend
-from pytest_gpuready.model.layout import Layout
 from pytest_gpuready.model.linear_attention import attention_layers
 from pytest_gpuready.model.rules.common import BUILD, NEEDS_CAPABILITY, Capability, coerce_capability, staged
+from pytest_gpuready.model.serve_args import Layout
 from pytest_gpuready.model.spec import ModelSpec
 from pytest_gpuready.model.vllm_version import VllmVersion
 from pytest_gpuready.verdict import Verdict

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from pytest_gpuready.model.backends import format_arch, parse_gpu_arch
-from pytest_gpuready.model.layout import Layout
+from pytest_gpuready.model.serve_args import Layout
 from pytest_gpuready.model.spec import ModelSpec
 from pytest_gpuready.model.vllm_version import VllmVersion, coerce_version
 from pytest_gpuready.verdict import Verdict

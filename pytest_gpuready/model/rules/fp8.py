@@ -4,8 +4,8 @@ with the layout's TP, DP and EP and the GPU's capability (re-gridded MoE blocks 
 from __future__ import annotations
 
 from pytest_gpuready.model.checks import check_fp8_block_alignment
-from pytest_gpuready.model.layout import Layout
 from pytest_gpuready.model.rules.common import BUILD, Capability, coerce_capability, staged
+from pytest_gpuready.model.serve_args import Layout
 from pytest_gpuready.model.spec import ModelSpec
 from pytest_gpuready.model.vllm_version import VllmVersion
 from pytest_gpuready.verdict import Verdict

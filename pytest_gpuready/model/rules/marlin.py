@@ -23,7 +23,6 @@ from dataclasses import dataclass
 
 from pytest_gpuready.model.backends import MIN_FP8_CAPABILITY
 from pytest_gpuready.model.checks import quantized_layers
-from pytest_gpuready.model.layout import Layout
 from pytest_gpuready.model.linear_attention import attention_layers, gated_deltanet
 from pytest_gpuready.model.rules.common import (
     LOAD,
@@ -35,6 +34,7 @@ from pytest_gpuready.model.rules.common import (
     staged,
     version_of,
 )
+from pytest_gpuready.model.serve_args import Layout
 from pytest_gpuready.model.spec import ModelSpec
 from pytest_gpuready.model.vllm_version import VllmVersion
 from pytest_gpuready.verdict import Verdict

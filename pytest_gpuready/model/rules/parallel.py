@@ -18,8 +18,8 @@
 from __future__ import annotations
 
 from pytest_gpuready.model.checks import check_tp_divisibility
-from pytest_gpuready.model.layout import Layout
 from pytest_gpuready.model.rules.common import CONFIG, Capability, staged
+from pytest_gpuready.model.serve_args import Layout
 from pytest_gpuready.model.spec import ModelSpec
 from pytest_gpuready.model.vllm_version import VllmVersion
 from pytest_gpuready.verdict import Verdict

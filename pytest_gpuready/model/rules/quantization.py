@@ -15,7 +15,6 @@ Minimums, read from each class's ``get_min_capability`` in the vLLM wheels (0.13
 
 from __future__ import annotations
 
-from pytest_gpuready.model.layout import Layout
 from pytest_gpuready.model.rules.common import (
     CONFIG,
     NEEDS_CAPABILITY,
@@ -25,6 +24,7 @@ from pytest_gpuready.model.rules.common import (
     staged,
     version_of,
 )
+from pytest_gpuready.model.serve_args import Layout
 from pytest_gpuready.model.spec import ModelSpec
 from pytest_gpuready.model.vllm_version import VllmVersion
 from pytest_gpuready.verdict import Verdict
