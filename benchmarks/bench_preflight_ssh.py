@@ -18,6 +18,11 @@ optional second figure routes ssh through a small delaying TCP relay written her
 held back RTT/2 in each direction): a modelled RTT, labelled as such, never a measured WAN.
 
 Run:  python benchmarks/bench_preflight_ssh.py [--repeat 7] [--rtt-ms 2,30,80] [--write-docs]
+
+``--health`` measures the plugin alone, without and with the GPU health sections
+(``snapshot(host, health=True)``, what the built-in preflight takes), on the H200 scenario whose
+stand-in answers every health field: the ssh connections (sshd's log) and the commands run over
+the connection (``host.commands_run``, one per round trip) per preflight.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import statistics
 import subprocess
 import sys
@@ -291,6 +297,70 @@ def _rtts(text: str) -> tuple[float, ...]:
     return tuple(v for v in values if v > 0)
 
 
+HEALTH_SCENARIO = "h200-one-process"
+HEALTH_SECTION = "## Preflight over ssh with GPU health"
+HEALTH_COMMAND = "python benchmarks/bench_preflight_ssh.py --health --repeat 7 --rtt-ms 30 --write-docs"
+
+
+def health_preflight(spec: str, server: LoopbackSshd, options: tuple[str, ...], health: bool,
+                     trips: list[int]) -> None:
+    host = connect(spec, identity_file=server.identity_file, ssh_options=options)
+    try:
+        snap = snapshot(host, health=health)
+    finally:
+        host.close()
+    if snap.errors or not snap.gpus or (health and snap.health is None):
+        raise SystemExit(f"the plugin's probe did not measure everything: {snap.errors}")
+    trips.append(int(getattr(host, "commands_run", -1)))  # SSHHost counts the commands it ran
+
+
+def health_main(repeat: int, rtts: tuple[float, ...], write_docs: bool) -> int:
+    lines = ["| network | snapshot | ssh connections per preflight | commands (round trips) per preflight "
+             "| median wall s | min-max s |", "|---|---|---|---|---|---|"]
+    with loopback_sshd() as server, server.use_scenario(HEALTH_SCENARIO):
+        for rtt_ms in (0.0, *rtts):
+            label = "loopback (measured)" if rtt_ms == 0 else f"{rtt_ms:g} ms RTT (modelled by a delaying relay)"
+            with route(server, rtt_ms) as (port, options):
+                spec = f"ssh://{server.user}@127.0.0.1:{port}"
+                trips: dict[bool, list[int]] = {False: [], True: []}
+                plain, health = measure(server, repeat,
+                                        functools.partial(health_preflight, spec, server, options, False, trips[False]),
+                                        functools.partial(health_preflight, spec, server, options, True, trips[True]))
+            for name, figures, key in (("`snapshot(host)`", plain, False),
+                                       ("`snapshot(host, health=True)`", health, True)):
+                counted = "/".join(str(c) for c in sorted(set(trips[key])))
+                lines.append(f"| {label} | {name} | {figures.connections} | {counted} | "
+                             f"{figures.median_s:.3f} | {figures.spread} |")
+    one = all(row.split("|")[3].strip() == "1" and row.split("|")[4].strip() == "1" for row in lines[2:])
+    with open("/proc/loadavg") as handle:
+        load = handle.read().split()[0]
+    body = "\n".join([
+        HEALTH_SECTION,
+        "",
+        "The plugin's probe over a real OpenSSH server on 127.0.0.1 without and with the GPU health "
+        "sections (the health `--query-gpu`, the plain `nvidia-smi` header, `dmesg`, IOMMU/ACS; what "
+        f"`pytest --pyargs pytest_gpuready.preflight` takes), on the stand-in `{HEALTH_SCENARIO}` scenario "
+        "(the H200's captured answers to all 214 fields). Commands are counted on the client "
+        "(`SSHHost.commands_run`: each is one round trip over the open connection), connections "
+        "from sshd's log.",
+        "",
+        f"Command: `{HEALTH_COMMAND}`  ",
+        f"Machine: {machine()}; load average {load} at the end (shared machine: wall times inflated alike).",
+        "",
+        *lines,
+        "",
+        f"Medians of {repeat} repetitions, the two alternating, after one warm-up each.",
+        "",
+        "Target: the probe with health still one ssh connection and one round trip per host: "
+        + ("met." if one else "NOT met."),
+    ])
+    print(body)
+    if write_docs:
+        replace_section(HEALTH_SECTION, body)
+        print(f"\nwrote {DOCS.relative_to(REPO)}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--repeat", type=int, default=7, help="repetitions per way (median reported)")
@@ -298,9 +368,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="modelled round-trip times in ms after the loopback figure, comma-separated "
                              "(default 2,30,80; 0 for loopback only)")
     parser.add_argument("--write-docs", action="store_true", help=f"update '{SECTION}' in docs/performance.md")
+    parser.add_argument("--health", action="store_true",
+                        help="the plugin without and with the GPU health sections (connections, round trips)")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    if args.health:
+        return health_main(args.repeat, args.rtt_ms, args.write_docs)
     rows: list[tuple[str, Figures, Figures]] = []
     with loopback_sshd() as server, server.use_scenario(SCENARIO):
         rows.append(("loopback (measured)", *run_case(server, 0, args.repeat)))

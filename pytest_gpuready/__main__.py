@@ -1,5 +1,5 @@
-"""``python -m pytest_gpuready plan ...``: the planner's command line (see pytest_gpuready.plan.cli)."""
+"""``python -m pytest_gpuready COMMAND ...``: the ``gpuready`` command line (see pytest_gpuready.cli)."""
 
-from pytest_gpuready.plan.cli import main
+from pytest_gpuready.cli import main
 
 raise SystemExit(main())

@@ -123,6 +123,21 @@ def _describe_entry(entry: ShmEntry, now: float) -> str:
             f"{state}")
 
 
+def _in_use_warnings(host: str, live: Sequence[ShmEntry], now: float) -> tuple[str, ...]:
+    """One warning for the /dev/shm files live processes hold, however many: a shared machine has
+    dozens (other users' servers), and a warning each would bury the summary."""
+    if not live:
+        return ()
+    if len(live) == 1:
+        return (f"{_describe_entry(live[0], now)} (a running server's; not a leftover)",)
+    oldest = min(live, key=lambda e: e.mtime)
+    size = sum(e.size_bytes for e in live)
+    return (f"/dev/shm on {host}: {len(live)} files matching the leftover patterns are in use by live processes "
+            f"(running servers'; not leftovers), {size / MIB:.1f} MiB in all, the oldest "
+            f"{shm_display_name(oldest.name)} ({_age(oldest.mtime, now)}); each is in the shm_clean verdict's "
+            f"evidence (in_use) of --gpuready-report, or list them with: ls -la /dev/shm on {host}",)
+
+
 def check_shm_clean(
     snapshot: HostSnapshot,
     min_free_mib: int = DEFAULT_SHM_MIN_FREE_MIB,
@@ -154,7 +169,9 @@ def check_shm_clean(
         "leftovers": [{"name": e.name, "size_bytes": e.size_bytes, "owner": e.owner, "in_use": e.in_use}
                       for e in stale],
     }
-    warnings = tuple(f"{_describe_entry(e, now)} (a running server's; not a leftover)" for e in live)
+    evidence["in_use"] = [{"name": e.name, "size_bytes": e.size_bytes, "owner": e.owner, "mtime": e.mtime}
+                          for e in live]
+    warnings = _in_use_warnings(snapshot.host, live, now)
     if problems:
         stale_bytes = sum(e.size_bytes for e in stale)
         summary = (f"/dev/shm on {snapshot.host} is not clean: {len(stale)} leftover files "

@@ -20,7 +20,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_gpuready.errors import GpuReadyError, ProbeError
@@ -50,6 +50,11 @@ LEGACY_QUERY_FIELD = "clocks_throttle_reasons.active"
 """The name before driver 535.54.03 (Azure NHC switches names at that version)."""
 
 DEFAULT_INTERVAL_S = 0.5
+
+LINK_FIELDS = ("pcie.link.gen.current", "pcie.link.gen.max", "pcie.link.width.current", "pcie.link.width.max")
+"""The PCIe link read with every sample: an idle GPU lowers its link generation to save power ("may be
+reduced when the GPU is not in use", nvidia-smi help), so only a reading under load can say that a
+link is narrower or slower than it may be (DCGM's PCIe test; ``gpu-health-anchors.md`` rank 14)."""
 
 
 def reason_names(mask: int) -> tuple[str, ...]:
@@ -85,6 +90,63 @@ def clock_events_command() -> str:
             f"|| nvidia-smi --query-gpu=index,{LEGACY_QUERY_FIELD} {tail}")
 
 
+@dataclass(frozen=True)
+class LinkReading:
+    """One GPU's PCIe link at one sample: current and maximum generation and width (None: not read)."""
+
+    gen: int | None
+    gen_max: int | None
+    width: int | None
+    width_max: int | None
+
+
+@dataclass(frozen=True)
+class ClockSample:
+    """One sample of every GPU: its clock-event mask and, where read, its PCIe link."""
+
+    masks: Mapping[int, int | None]
+    links: Mapping[int, LinkReading] = field(default_factory=dict)
+
+
+def sample_command() -> str:
+    """One ``nvidia-smi`` call for every GPU's mask and PCIe link, falling back to the pre-535 mask
+    name, then to the mask alone (a driver or stand-in that lacks a link field)."""
+    tail = "--format=csv,noheader,nounits 2>/dev/null"
+    links = ",".join(LINK_FIELDS)
+    return (f"nvidia-smi --query-gpu=index,{QUERY_FIELD},{links} {tail} "
+            f"|| nvidia-smi --query-gpu=index,{LEGACY_QUERY_FIELD},{links} {tail} "
+            f"|| {clock_events_command()}")
+
+
+def _link_value(text: str) -> int | None:
+    value = text.strip()
+    return int(value) if value.isdigit() else None
+
+
+def parse_clock_sample(text: str, host: str = "host") -> ClockSample:
+    """Rows of :func:`sample_command`: ``index, mask, gen, gen max, width, width max`` (or ``index, mask``)."""
+    masks: dict[int, int | None] = {}
+    links: dict[int, LinkReading] = {}
+    for line in text.splitlines():
+        cells = [cell.strip() for cell in line.split(",")]
+        if not line.strip():
+            continue
+        if len(cells) not in (2, 2 + len(LINK_FIELDS)) or not cells[0].isdigit():
+            raise ProbeError(f"{host}: nvidia-smi --query-gpu=index,{QUERY_FIELD},...: "
+                             f"unexpected line {line.strip()[:80]!r}")
+        index = int(cells[0])
+        try:
+            masks[index] = parse_mask(cells[1])
+        except ProbeError as exc:
+            raise ProbeError(f"{host}: GPU {index}: {exc}") from None
+        if len(cells) > 2:
+            gen, gen_max, width, width_max = (_link_value(cell) for cell in cells[2:])
+            links[index] = LinkReading(gen, gen_max, width, width_max)
+    if not masks:
+        raise ProbeError(f"{host}: nvidia-smi --query-gpu=index,{QUERY_FIELD} listed no GPUs")
+    return ClockSample(masks, links)
+
+
 def parse_clock_events(text: str, host: str = "host") -> dict[int, int | None]:
     """Parse ``index, mask`` rows into GPU index -> mask (None where the GPU does not support it)."""
     masks: dict[int, int | None] = {}
@@ -113,32 +175,50 @@ def _nvml_mask(nvml: Any, handle: Any) -> int | None:
         return None
 
 
+def _nvml_int(call: Callable[[Any], Any], handle: Any) -> int | None:
+    try:
+        return int(call(handle))
+    except Exception:  # NotSupported, or a GPU that stopped answering: the link is "not read"
+        return None
+
+
 class _NvmlReader:
-    """Masks through NVML, initialised once for a sampler's life (each init costs ~11 ms)."""
+    """Masks and PCIe links through NVML, initialised once for a sampler's life (each init costs ~11 ms)."""
 
-    def __init__(self) -> None:
-        import pynvml
+    def __init__(self, nvml: Any = None) -> None:
+        if nvml is None:
+            import pynvml
 
-        self._nvml = pynvml
-        pynvml.nvmlInit()
-        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            nvml = pynvml
+        self._nvml = nvml
+        nvml.nvmlInit()
+        self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+        self._max = [(_nvml_int(nvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
+                      _nvml_int(nvml.nvmlDeviceGetMaxPcieLinkWidth, h)) for h in self._handles]
 
-    def __call__(self) -> dict[int, int | None]:
+    def masks(self) -> dict[int, int | None]:
         return {index: _nvml_mask(self._nvml, handle) for index, handle in enumerate(self._handles)}
+
+    def __call__(self) -> ClockSample:
+        nvml = self._nvml
+        links = {index: LinkReading(_nvml_int(nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle), self._max[index][0],
+                                    _nvml_int(nvml.nvmlDeviceGetCurrPcieLinkWidth, handle), self._max[index][1])
+                 for index, handle in enumerate(self._handles)}
+        return ClockSample(self.masks(), links)
 
     def close(self) -> None:
         self._nvml.nvmlShutdown()
 
 
-def _smi_reader(host: Host, timeout: float) -> Callable[[], dict[int, int | None]]:
-    command = clock_events_command()
+def _smi_reader(host: Host, timeout: float) -> Callable[[], ClockSample]:
+    command = sample_command()
 
-    def read() -> dict[int, int | None]:
+    def read() -> ClockSample:
         result = host.run(command, timeout=timeout)
         if result.returncode != 0:
             detail = " ".join((result.stdout + " " + result.stderr).split())[:200]
             raise ProbeError(f"{host.name}: reading clock-event reasons failed (exit {result.returncode}): {detail}")
-        return parse_clock_events(result.stdout, host.name)
+        return parse_clock_sample(result.stdout, host.name)
 
     return read
 
@@ -149,12 +229,56 @@ def read_clock_events(host: Host, timeout: float = 10.0) -> dict[int, int | None
         try:
             reader = _NvmlReader()
         except Exception:  # no NVML here: nvidia-smi says why, if it can
-            return _smi_reader(host, timeout)()
+            return dict(_smi_reader(host, timeout)().masks)
         try:
-            return reader()
+            return reader.masks()
         finally:
             reader.close()
-    return _smi_reader(host, timeout)()
+    return dict(_smi_reader(host, timeout)().masks)
+
+
+@dataclass
+class LinkRecord:
+    """One GPU's PCIe link over a sampler's interval: the best (highest) generation and width seen.
+
+    The best, not the last: the level's first sample may come before the load ramps up, when
+    the GPU still idles at a lower generation. A link whose best under load is below its maximum
+    ran narrower or slower than it may for the whole level.
+    """
+
+    gen: int | None = None
+    gen_max: int | None = None
+    width: int | None = None
+    width_max: int | None = None
+    samples: int = 0
+
+    def add(self, reading: LinkReading) -> None:
+        self.samples += 1
+        self.gen = _higher(self.gen, reading.gen)
+        self.width = _higher(self.width, reading.width)
+        self.gen_max = reading.gen_max if reading.gen_max is not None else self.gen_max
+        self.width_max = reading.width_max if reading.width_max is not None else self.width_max
+
+    @property
+    def short(self) -> bool:
+        slower = self.gen is not None and self.gen_max is not None and self.gen < self.gen_max
+        narrower = self.width is not None and self.width_max is not None and self.width < self.width_max
+        return slower or narrower
+
+    def describe(self) -> str:
+        def text(value: int | None, prefix: str) -> str:
+            return f"{prefix}{value}" if value is not None else f"{prefix}?"
+
+        return (f"PCIe {text(self.gen, 'gen ')} {text(self.width, 'x')} at best under load "
+                f"(max {text(self.gen_max, 'gen ')} {text(self.width_max, 'x')})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"gen": self.gen, "gen_max": self.gen_max, "width": self.width, "width_max": self.width_max,
+                "samples": self.samples, "short": self.short}
+
+
+def _higher(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else max(a, b)
 
 
 @dataclass(frozen=True)
@@ -173,10 +297,18 @@ class ClockEventRecord:
     errors: tuple[str, ...] = ()
     gpus: tuple[int, ...] | None = None
     """The GPUs judged (None: all the host has)."""
+    links: Mapping[int, LinkRecord] = field(default_factory=dict)
+    """GPU -> its PCIe link over the interval: the best generation and width seen, and the maximum."""
 
     @property
     def measured(self) -> bool:
         return self.samples > 0
+
+    @property
+    def link_shortfalls(self) -> dict[int, str]:
+        """GPU -> ``gen 4 x8 at best under load (max gen 5 x16)`` where the link never reached its maximum."""
+        return {gpu: link.describe() for gpu, link in sorted(self.links.items())
+                if (self.gpus is None or gpu in self.gpus) and link.short}
 
     @property
     def throttled(self) -> dict[int, tuple[str, ...]]:
@@ -213,6 +345,8 @@ class ClockEventRecord:
                         if self.gpus is None or gpu in self.gpus},
             "throttled": {str(gpu): list(names) for gpu, names in sorted(self.throttled.items())},
             "errors": list(self.errors),
+            **({"pcie": {str(gpu): link.to_dict() for gpu, link in sorted(self.links.items())
+                         if self.gpus is None or gpu in self.gpus}} if self.links else {}),
         }
 
 
@@ -230,11 +364,12 @@ class ClockEventSampler:
     host: Host | None = None
     interval_s: float = DEFAULT_INTERVAL_S
     gpus: Sequence[int] | None = None
-    reader: Callable[[], Mapping[int, int | None]] | None = None
+    reader: Callable[[], Mapping[int, int | None] | ClockSample] | None = None
     timeout_s: float = 10.0
     _seen: dict[int, int | None] = field(default_factory=dict, init=False, repr=False)
     _samples: int = field(default=0, init=False, repr=False)
     _errors: list[str] = field(default_factory=list, init=False, repr=False)
+    _links: dict[int, LinkRecord] = field(default_factory=dict, init=False, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
     _thread: threading.Thread | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -242,7 +377,7 @@ class ClockEventSampler:
     _started_at: float = field(default=0.0, init=False, repr=False)
     record: ClockEventRecord | None = field(default=None, init=False)
 
-    def _resolve_reader(self) -> Callable[[], Mapping[int, int | None]]:
+    def _resolve_reader(self) -> Callable[[], Mapping[int, int | None] | ClockSample]:
         if self.reader is not None:
             return self.reader
         if self.host is None:
@@ -256,9 +391,9 @@ class ClockEventSampler:
             return nvml
         return _smi_reader(self.host, self.timeout_s)
 
-    def _sample(self, read: Callable[[], Mapping[int, int | None]]) -> None:
+    def _sample(self, read: Callable[[], Mapping[int, int | None] | ClockSample]) -> None:
         try:
-            masks = read()
+            sample = read()
         except (GpuReadyError, OSError) as exc:
             with self._lock:
                 if len(self._errors) < 20:
@@ -269,8 +404,12 @@ class ClockEventSampler:
                 if len(self._errors) < 20:
                     self._errors.append(f"{type(exc).__name__}: {exc}")
             return
+        masks = sample.masks if isinstance(sample, ClockSample) else sample
+        links = sample.links if isinstance(sample, ClockSample) else {}
         with self._lock:
             self._samples += 1
+            for gpu, reading in links.items():
+                self._links.setdefault(gpu, LinkRecord()).add(reading)
             for gpu, mask in masks.items():
                 before = self._seen.get(gpu)
                 self._seen[gpu] = mask if before is None else before | (mask or 0)
@@ -315,6 +454,7 @@ class ClockEventSampler:
                 seen=dict(self._seen), samples=self._samples, started_at=self._started_at,
                 stopped_at=time.time(), errors=tuple(self._errors),
                 gpus=tuple(self.gpus) if self.gpus is not None else None,
+                links={gpu: replace(link) for gpu, link in self._links.items()},
             )
         return self.record
 

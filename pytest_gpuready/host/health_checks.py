@@ -22,6 +22,7 @@ from pytest_gpuready.host.clock_events import THROTTLING_MASK, reason_names, thr
 from pytest_gpuready.host.health import NOT_SUPPORTED, GpuHealth, HostHealth
 from pytest_gpuready.host.health_readers import xid_codes
 from pytest_gpuready.host.snapshot import HostSnapshot
+from pytest_gpuready.host.xid_catalog import xid_action
 from pytest_gpuready.verdict import Verdict
 
 MIB = 1024 * 1024
@@ -39,23 +40,6 @@ MIN_DRIVER_FOR_CUDA = {13: "580.65.06", 12: "525.60.13", 11: "450.80.02"}
 """The minimum Linux driver of each CUDA major (CUDA toolkit release notes, table 3)."""
 AZURE_CRITICAL_XIDS = frozenset({48, 56, 57, 58, 62, 63, 64, 65, 68, 69, 73, 74, 79, 80, 81, 92, 119, 120})
 """Azure NHC fails a node on these Xids (``gpu-health-anchors.md`` table e, rank 13)."""
-XID_ACTIONS = {
-    13: "an application error (graphics engine exception): check the workload",
-    31: "an application's GPU memory page fault: check the workload",
-    43: "the GPU stopped processing (usually the application): restart it",
-    45: "preemptive cleanup after another error: look at the Xid before it",
-    48: "double-bit ECC error: reset the GPU (drain it first)",
-    63: "a row remap or page retirement was recorded: reset the GPU when convenient",
-    64: "a row remap failed: the GPU is due for replacement (RMA)",
-    74: "NVLink error: reset the GPU; if it repeats, the link or board needs service",
-    79: "the GPU has fallen off the bus: reboot; if it repeats, reseat or replace it",
-    92: "high single-bit ECC error rate: watch it; replace the GPU if it persists",
-    94: "contained ECC error: restart the affected application",
-    95: "uncontained ECC error: reset the GPU",
-    119: "GSP RPC timeout: reset the GPU",
-    120: "GSP error: reset the GPU",
-}
-"""What NVIDIA's Xid catalog (https://docs.nvidia.com/deploy/xid-errors/) says to do, shortly."""
 _DATACENTER = re.compile(r"\b(A100|A30|A40|A10G?|A16|A2|A800|H100|H200|H800|H20|GH200|B100|B200|GB200|B300|"
                          r"L4|L40S?|L20|T4|V100|P100|P40|Tesla)\b|Data Center", re.IGNORECASE)
 """GPUs on which a forward-compatibility libcuda works (NVIDIA: data-center GPUs only)."""
@@ -433,8 +417,7 @@ def describe_xid(line: str) -> str:
     if codes is None:
         return line[:200]
     bus, xid = codes
-    action = XID_ACTIONS.get(xid, "see NVIDIA's Xid catalog, https://docs.nvidia.com/deploy/xid-errors/")
-    return f"Xid {xid} on PCI {bus} ({action})"
+    return f"Xid {xid} on PCI {bus} ({xid_action(xid)})"
 
 
 def check_xid_history(snapshot: HostSnapshot) -> Verdict:

@@ -179,13 +179,20 @@ class ModelFiles:
     """Side files (config.json, ...) that exist but could not be read, with the cause."""
     directory_error: str | None = None
     """Why the path is not a readable directory (a symlink loop, a file, not found), if it is not."""
-    index_problems: tuple[str, ...] = ()
-    """What is wrong with the index file itself (also in :attr:`problems`): where there are no
-    shard headers, the index is all there is to size the weights from, so these are errors."""
+    weights_present: bool = False
+    """A weights file is there: a shard exists (readable or not: a symlink loop, a header that is
+    not JSON), or the index itself is unreadable or names shards outside the directory. False for
+    a config-only directory, with or without an index whose shards are all absent (a plan before
+    the download): only then may the weights be derived from the config."""
 
     @property
     def has_weights(self) -> bool:
         return bool(self.shard_names)
+
+    @property
+    def unreadable_shards(self) -> int:
+        """Shards the checkpoint consists of whose headers could not be read (sizes unknown)."""
+        return len(self.shard_names) - len(self.shards)
 
     @property
     def tensor_count(self) -> int:
@@ -385,11 +392,12 @@ def _analyse_directory(raw: RawDirectory) -> ModelFiles:
     side_errors = {name: error for name, error in raw.errors.items() if name in SIDE_FILES}
     weight_map: dict[str, str] = {}
     index_total: int | None = None
-    index_problems: list[str] = []
+    index_faulty = bool(problems)  # the index (or another weights file) exists and cannot be read
     if raw.index_name is not None and raw.index_text is not None:
         parsed = raw.parsed_index or _parse_index(raw.index_name, raw.index_text)
         weight_map, index_total, index_problems = parsed
         problems += index_problems
+        index_faulty = index_faulty or bool(index_problems)
     names = shard_names_for(weight_map, raw.listed_safetensors)
     by_name = {shard.name: shard for shard in raw.shards}
     shards: list[ShardHeader] = []
@@ -403,9 +411,11 @@ def _analyse_directory(raw: RawDirectory) -> ModelFiles:
             shards.append(header)
     if weight_map:
         problems += _index_consistency(raw.index_name or INDEX_NAME, weight_map, shards)
+    present = index_faulty or any(shard.file_size is not None or shard.error is not None
+                                  for shard in raw.shards)
     return ModelFiles(raw.path, dict(raw.side_files), raw.index_name, tuple(names), tuple(shards),
                       tuple(problems), index_total, raw.is_directory, side_errors,
-                      None if raw.is_directory else raw.errors.get("."), tuple(index_problems))
+                      None if raw.is_directory else raw.errors.get("."), present)
 
 
 def _index_consistency(index_name: str, weight_map: Mapping[str, str],

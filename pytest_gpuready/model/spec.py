@@ -57,6 +57,9 @@ class Quantization:
     kv_cache_dtype: str | None = None
     """The KV-cache dtype this checkpoint makes ``--kv-cache-dtype auto`` resolve to (vLLM's name)."""
     kv_cache_source: str | None = None
+    layer_algos: tuple[str, ...] = ()
+    """ModelOpt ``MIXED_PRECISION``: the ``quant_algo`` of each entry of ``quantized_layers``
+    (DeepSeek-V4-Flash-NVFP4 keeps NVFP4 experts beside 16-bit attention), distinct, in order."""
 
     @property
     def is_fp8_block(self) -> bool:
@@ -96,10 +99,18 @@ class Weights:
     (split derived from the config), or the config alone (``derived_weights``)."""
     bytes_per_weight: str | None = None
     """For derived sizes: how the quantized weights were sized."""
+    unreadable_shards: int = 0
+    """Shards whose headers could not be read: their sizes are missing from the totals."""
 
     @property
     def complete(self) -> bool:
-        return not self.problems
+        """Every shard read and sound. Never for derived sizes: an estimate is not a checkpoint."""
+        return self.from_headers and not self.problems
+
+    @property
+    def sized(self) -> bool:
+        """The totals cover the whole checkpoint (read or derived), not only its readable shards."""
+        return self.unreadable_shards == 0
 
     @property
     def from_headers(self) -> bool:
@@ -505,6 +516,7 @@ def parse_quantization(
                     + _string_list(qc.get("exclude_modules"), source, f"{key_prefix}.exclude_modules"))
         return Quantization(
             method=method, source=where, algo=algo if isinstance(algo, str) else None,
+            layer_algos=_layer_algos(qc.get("quantized_layers") or inner.get("quantized_layers")),
             excluded_modules=excluded, kv_cache_dtype=kv_dtype,
             kv_cache_source=f"{where}.{kv_key} (ModelOpt)" if kv_dtype else None,
         )
@@ -541,6 +553,14 @@ def _parse_compressed_tensors(qc: Mapping[str, Any], source: str, key_prefix: st
     )
 
 
+def _layer_algos(layers: Any) -> tuple[str, ...]:
+    """The distinct ``quant_algo`` values of a ModelOpt ``quantized_layers`` map (else none)."""
+    if not isinstance(layers, Mapping):
+        return ()
+    found = [entry.get("quant_algo") for entry in layers.values() if isinstance(entry, Mapping)]
+    return tuple(dict.fromkeys(a for a in found if isinstance(a, str)))
+
+
 def _parse_legacy_modelopt(hf_quant: Mapping[str, Any]) -> Quantization:
     file = "hf_quant_config.json"
     inner = hf_quant.get("quantization")
@@ -556,7 +576,7 @@ def _parse_legacy_modelopt(hf_quant: Mapping[str, Any]) -> Quantization:
     kv_dtype = kv_dtype_from_modelopt(inner.get("kv_cache_quant_algo"))
     method = "modelopt_fp4" if algo.upper() == "NVFP4" else "modelopt"
     return Quantization(
-        method=method, source=file, algo=algo,
+        method=method, source=file, algo=algo, layer_algos=_layer_algos(inner.get("quantized_layers")),
         excluded_modules=_string_list(inner.get("exclude_modules"), file, "quantization.exclude_modules"),
         kv_cache_dtype=kv_dtype,
         kv_cache_source=f"{file} quantization.kv_cache_quant_algo (ModelOpt, legacy)" if kv_dtype else None,
@@ -591,7 +611,7 @@ def weights_from_files(files: ModelFiles, num_layers: int) -> Weights | None:
     down-projections as replicated on every TP rank. One pass over ~100k names with C-level
     string tests; the regex only sees the few thousand names that are not routed experts.
     """
-    if not files.has_weights:
+    if not files.has_weights and not files.weights_present:
         return None
     unused_prefixes = _unused_prefixes(num_layers)
     replicated = unused = 0
@@ -610,6 +630,7 @@ def weights_from_files(files: ModelFiles, num_layers: int) -> Weights | None:
         replicated_bytes=replicated,
         unused_bytes=unused,
         index_name=files.index_name,
+        unreadable_shards=files.unreadable_shards,
     )
 
 
@@ -648,12 +669,14 @@ def spec_from_files(files: ModelFiles, where: str) -> ModelSpec:
     name = os.path.basename(where.rstrip("/")) or where
     spec = model_spec_from_config(config, name=name, source=f"{where}/config.json",
                                   hf_quant_config=hf_quant)
-    if files.shards:
+    if files.shards or files.weights_present:
+        # A weights file that is there but cannot be read is a problem of the checkpoint (named
+        # in weights.problems), never a config-only directory.
         return replace(spec, weights=weights_from_files(files, spec.num_layers))
-    # No safetensors headers here (a config-only directory, perhaps with the index): plan from
-    # the index's total_size or the architecture; a broken index is an error, not "no index".
-    if files.index_problems:
-        raise ConfigError(f"{where}/{files.index_problems[0]}")
+    # No weights file here (a config-only directory, perhaps with the index): plan from the
+    # index's total_size or the architecture; such weights are an estimate, never complete. (A
+    # broken index, a total_size that is no size included, is a weights file that cannot be read:
+    # weights_present, above.)
     return replace(spec, weights=derived_weights_for(spec, files.index_total_size, files.index_name))
 
 

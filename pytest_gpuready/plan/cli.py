@@ -100,9 +100,13 @@ def _plan(argv: Sequence[str] | None) -> int:
     kv = given.pop("kv_cache_dtype", None)
     serve = ServeArgs(**given)
     allow_long = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true")
-    rows = plan_layouts(model, snap, model_path=args.model_dir, vllm_version=version, serve=serve,
-                        capability=args.gpu_arch, allow_long_max_model_len=allow_long,
-                        kv_cache_dtypes=[kv] if kv is not None else None)
+    try:
+        rows = plan_layouts(model, snap, model_path=args.model_dir, vllm_version=version, serve=serve,
+                            capability=args.gpu_arch, allow_long_max_model_len=allow_long,
+                            kv_cache_dtypes=[kv] if kv is not None else None)
+    except ConfigError as exc:  # weights that cannot be sized (a broken index, an unreadable shard)
+        print(f"gpuready plan: {exc}", file=sys.stderr)
+        return 2
     note = (f"rules: vLLM {version}" if version else
             "rules: newest (vLLM version unknown; pass --vllm-version)")
     _, cut = planned_gpus(snap)

@@ -4,9 +4,13 @@
   ``_gpuready_host`` fixture), and the xdist hooks of :mod:`~pytest_gpuready.plugin.xdist_groups`;
 - :mod:`pytest_gpuready.plugin.recording`: JUnit properties and report entries of the running
   test, carried on its TestReport (so through xdist);
+- :mod:`pytest_gpuready.plugin.outcomes`: Verdict -> pass / fail / skip / error, and the hooks that
+  keep a measured violation FAILED and a could-not-measure ERROR in every phase;
 - :mod:`pytest_gpuready.plugin.host_fixtures`: host options, ``gpu_host``, ``gpu_snapshot``,
   ``gpus_clean``, ``shm_clean``, the report header;
 - :mod:`pytest_gpuready.plugin.health_fixtures`: the ``gpu_health`` fixture and marker;
+- :mod:`pytest_gpuready.plugin.two_gpu_fixtures`: the opt-in ``gpu_p2p`` and ``nccl_allreduce``
+  fixtures and markers (a worker on the GPU host, ``--gpu-worker-python``);
 - :mod:`pytest_gpuready.plugin.model_fixtures`: model options, ``model_spec``, deploy file,
   ``fp8_block_alignment``, ``mla_kv_backend_supported``, ``deployment`` markers;
 - :mod:`pytest_gpuready.plugin.server_fixtures`: ``vllm_server`` and ``benchmark_serving``;
@@ -30,8 +34,10 @@ from __future__ import annotations
 pytest_plugins = [
     "pytest_gpuready.plugin.fleet",
     "pytest_gpuready.plugin.recording",
+    "pytest_gpuready.plugin.outcomes",
     "pytest_gpuready.plugin.host_fixtures",
     "pytest_gpuready.plugin.health_fixtures",
+    "pytest_gpuready.plugin.two_gpu_fixtures",
     "pytest_gpuready.plugin.model_fixtures",
     "pytest_gpuready.plugin.server_fixtures",
     "pytest_gpuready.plugin.report_collector",

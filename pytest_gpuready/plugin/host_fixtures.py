@@ -166,9 +166,9 @@ _SPARED_SAID = pytest.StashKey[set[tuple[str, int, "int | None"]]]()
 
 MARKERS = (
     "gpuready: a GPU-readiness preflight check (select the whole preflight with -m gpuready)",
-    "gpus_clean(gpus=None, max_used_mib=64): fail in setup unless the GPUs (by index; default --gpu-ids or all) "
-    "hold no compute process and at most max_used_mib MiB",
-    "shm_clean(min_free_mib=1024): fail in setup if /dev/shm holds vLLM/NCCL/multiprocessing leftovers "
+    "gpus_clean(gpus=None, max_used_mib=64): fail before the test runs unless the GPUs (by index; default "
+    "--gpu-ids or all) hold no compute process and at most max_used_mib MiB",
+    "shm_clean(min_free_mib=1024): fail before the test runs if /dev/shm holds vLLM/NCCL/multiprocessing leftovers "
     "(psm_*, sem.mp-*, sem.loky-*, nccl-*, *vllm*) or has less than min_free_mib MiB free",
 )
 
@@ -362,14 +362,15 @@ def _shm_clean(request: pytest.FixtureRequest, min_free_mib: int | None) -> Verd
 
 @pytest.fixture
 def gpus_clean(request: pytest.FixtureRequest) -> Verdict:
-    """Fail in setup unless the selected GPUs (``--gpu-ids``, default all) are clean; returns the Verdict."""
+    """Fail the test (before its body) unless the selected GPUs (``--gpu-ids``, default all) are clean;
+    returns the Verdict."""
     __tracebackhide__ = True
     return _gpus_clean(request, None, None)
 
 
 @pytest.fixture
 def shm_clean(request: pytest.FixtureRequest) -> Verdict:
-    """Fail in setup if /dev/shm holds leftovers or too little free space; returns the Verdict."""
+    """Fail the test (before its body) if /dev/shm holds leftovers or too little free space; returns the Verdict."""
     __tracebackhide__ = True
     return _shm_clean(request, None)
 

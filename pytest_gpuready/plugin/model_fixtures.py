@@ -4,7 +4,8 @@
 Loaded by :mod:`pytest_gpuready.plugin`. The rules live in :mod:`pytest_gpuready.model.rules`
 (the same calls the preflight suite and the planner make); this module resolves where the model, the vLLM version
 and the GPU architecture come from, and turns Verdicts into outcomes with
-:mod:`pytest_gpuready.plugin.outcomes` (a failed precondition fails the test in setup; warnings go to
+:mod:`pytest_gpuready.plugin.outcomes` (a measured violation fails the test before its body runs, a
+could-not-measure errors it; warnings go to
 the warnings summary). Pure checks never touch a host: the GPU snapshot is requested only when
 a check needs it (memory fit, or the architecture when neither the marker, the deployment nor
 ``--gpu-arch`` gives one).
@@ -39,7 +40,7 @@ from pytest_gpuready.model.spec import ModelSpec, inspect_model
 from pytest_gpuready.model.vllm_version import VllmVersion, parse_vllm_version
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_session import HostSession, get_host_session, host_session_of
-from pytest_gpuready.plugin.outcomes import checked, expect
+from pytest_gpuready.plugin.outcomes import checked, could_not_measure, expect
 from pytest_gpuready.plugin.recording import add_report_entry
 from pytest_gpuready.verdict import Verdict
 
@@ -89,15 +90,15 @@ MARKERS = (
     "read on --gpu-host when it is not on this machine)",
     "deployment(name): the deploy-file deployment this test uses (fixture deployment); every vLLM "
     "load rule for its serve arguments (those of the preflight's test_vllm_load_rules, "
-    "max_model_len included) must pass in setup",
-    "fp8_block_alignment(tp, ep=False, vllm_version=None, gpu_arch=None): fail in setup unless the "
+    "max_model_len included) must pass before the test runs",
+    "fp8_block_alignment(tp, ep=False, vllm_version=None, gpu_arch=None): fail before the test runs unless the "
     "model's FP8 weight blocks divide evenly at this tensor-parallel size (routed experts whole with "
     "ep=True); re-gridded MoE blocks (vLLM >= 0.29) also need the GPU's architecture",
-    "mla_kv_backend_supported(kv_cache_dtype='auto', gpu_arch=None, vllm_version=None): fail in setup "
+    "mla_kv_backend_supported(kv_cache_dtype='auto', gpu_arch=None, vllm_version=None): fail before the test runs "
     "unless vLLM has an MLA attention backend for the model on this GPU with this KV-cache dtype",
     "memory_fit(tp, gpus=None, gpu_memory_utilization=0.9, max_model_len=None, max_num_seqs=None, "
     "kv_cache_dtype='auto', reserve_gib=None, pipeline_parallel_size=1, ep=False, dtype='auto', "
-    "quantization=None, enforce_eager=False, max_num_batched_tokens=None): fail in setup unless the "
+    "quantization=None, enforce_eager=False, max_num_batched_tokens=None): fail before the test runs unless the "
     "weights, vLLM's profile-run memory and one max_model_len request's KV cache fit in "
     "gpu_memory_utilization of each GPU",
 )
@@ -279,12 +280,11 @@ def resolve_gpu_arch(request: pytest.FixtureRequest, deployment: Deployment | No
     gpus = [g for g in snapshot.require_gpus() if wanted is None or g.index in wanted]
     capabilities = {g.compute_capability for g in gpus}
     if None in capabilities or not capabilities:
-        pytest.fail(f"{snapshot.host}: the GPUs' compute capability was not reported; pass --gpu-arch SM",
-                    pytrace=False)
+        could_not_measure(f"{snapshot.host}: the GPUs' compute capability was not reported; pass --gpu-arch SM")
     if len(capabilities) > 1:
         names = ", ".join(sorted(format_arch(c) for c in capabilities if c is not None))
-        pytest.fail(f"{snapshot.host}: the GPUs mix architectures ({names}); pass --gpu-arch SM or "
-                    "select GPUs of one kind", pytrace=False)
+        could_not_measure(f"{snapshot.host}: the GPUs mix architectures ({names}); pass --gpu-arch SM or "
+                          "select GPUs of one kind")
     capability = capabilities.pop()
     assert capability is not None
     return capability

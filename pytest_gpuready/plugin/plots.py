@@ -1,7 +1,7 @@
 """``--gpuready-plot DIR``: PNGs a person reads at a glance, drawn from the JSON report's document.
 
-- ``throughput.png``: output tokens/s and mean TTFT (p99 dashed) against concurrency, one line per
-  deployment and host;
+- ``throughput.png``: output tokens/s (log axis, each required minimum drawn) and mean TTFT (p99
+  dashed) against concurrency, one line per deployment and host;
 - ``gpu-memory.png``: each GPU's memory, stacked: weights, KV cache, other, free (GiB). A GPU a
   server of the run used gets vLLM's own split (``Model loading took X GiB``, ``Available KV cache
   memory``; other = what the driver showed used beyond those); any other GPU of a probed host
@@ -22,6 +22,11 @@ from typing import Any
 from pytest_gpuready.outputs import check_output, write_output
 
 MIB_PER_GIB = 1024
+
+
+NOTHING_TO_PLOT = ("nothing to plot: the run ran no benchmark_serving, started no server and probed no "
+                   "host's GPUs")
+"""What ``--gpuready-plot`` says when :func:`save_plots` wrote nothing."""
 
 
 def save_plots(document: Mapping[str, Any], directory: Path) -> list[Path]:
@@ -56,14 +61,57 @@ def _pyplot() -> Any:
     return plt
 
 
+@dataclass(frozen=True)
+class Threshold:
+    """A ``min_output_tok_s`` a test required of a series at one concurrency, and whether it held."""
+
+    label: str
+    concurrency: int
+    min_tok_s: float
+    ok: bool
+
+
+def throughput_thresholds(document: Mapping[str, Any]) -> list[Threshold]:
+    """Every output-throughput threshold of the run (``checks`` entries), on the series of the
+    benchmark its test ran (matched by test and host)."""
+    label_of = {(b.get("test"), b.get("host")): f"{b.get('server')} @ {b.get('host') or 'local'}"
+                for b in document.get("benchmarks") or []}
+    found = []
+    for check in document.get("checks") or []:
+        evidence = check.get("evidence") or {}
+        label = label_of.get((check.get("test"), check.get("host")))
+        if label is None or "min_output_tok_s" not in evidence or "concurrency" not in evidence:
+            continue
+        found.append(Threshold(label, int(evidence["concurrency"]), float(evidence["min_output_tok_s"]),
+                               bool(check.get("ok"))))
+    return found
+
+
 def plot_throughput(document: Mapping[str, Any], directory: Path) -> Path | None:
-    """Output tok/s and TTFT against concurrency, a line per (deployment, host)."""
+    """``throughput.png`` in ``directory`` (see :func:`throughput_figure`); None with no benchmark."""
+    fig = throughput_figure(document)
+    if fig is None:
+        return None
+    path = directory / "throughput.png"
+    save_figure(fig, path)
+    _pyplot().close(fig)
+    return path
+
+
+def throughput_figure(document: Mapping[str, Any]) -> Any:
+    """Output tok/s and TTFT against concurrency, a line per (deployment, host); None without data.
+
+    Throughput is on a log axis (a failing 77 tok/s point next to 19,333 must not sit on zero), and
+    each required ``min_output_tok_s`` is drawn where it applies: a bar in the series' colour,
+    a red cross through it where the measurement fell short.
+    """
     series: dict[str, list[Mapping[str, Any]]] = {}
     for bench in document.get("benchmarks") or []:
         label = f"{bench.get('server')} @ {bench.get('host') or 'local'}"
         series.setdefault(label, []).extend(bench.get("levels") or [])
     if not series:
         return None
+    thresholds = throughput_thresholds(document)
     plt = _pyplot()
     fig, (tput, ttft) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=100, constrained_layout=True)
     levels_seen: set[int] = set()
@@ -73,6 +121,14 @@ def plot_throughput(document: Mapping[str, Any], directory: Path) -> Path | None
         levels_seen.update(x)
         colour = f"C{index % 10}"
         tput.plot(x, [float(p["output_throughput"]) for p in points], marker="o", color=colour, label=label)
+        required = [th for th in thresholds if th.label == label]
+        if required:
+            tput.scatter([th.concurrency for th in required], [th.min_tok_s for th in required], marker="_",
+                         s=500, linewidths=2.5, color=colour, zorder=3, label=f"{label}, required min")
+            missed = [th for th in required if not th.ok]
+            if missed:
+                tput.scatter([th.concurrency for th in missed], [th.min_tok_s for th in missed], marker="x",
+                             s=80, color="red", zorder=4, label=f"{label}, below the required min")
         ttft.plot(x, [float(p["mean_ttft_ms"]) for p in points], marker="o", color=colour, label=f"{label}, mean")
         if all("p99_ttft_ms" in p for p in points):
             ttft.plot(x, [float(p["p99_ttft_ms"]) for p in points], marker="x", linestyle="--", color=colour,
@@ -86,16 +142,16 @@ def plot_throughput(document: Mapping[str, Any], directory: Path) -> Path | None
         axes.set_xlabel("concurrency (requests in flight)")
         axes.set_ylabel(ylabel)
         axes.set_title(title)
-        axes.set_ylim(bottom=0)
+        if axes is tput:
+            axes.set_yscale("log")
+        else:
+            axes.set_ylim(bottom=0)
         axes.grid(True, alpha=0.3)
         axes.legend(fontsize="small")
     tokens = sorted({(b.get("prompt_tokens"), b.get("output_tokens")) for b in document.get("benchmarks") or []})
     workload = "; ".join(f"{p} prompt + {o} output tokens" for p, o in tokens)
     fig.suptitle(f"Serving benchmark ({workload})")
-    path = directory / "throughput.png"
-    save_figure(fig, path)
-    plt.close(fig)
-    return path
+    return fig
 
 
 @dataclass(frozen=True)

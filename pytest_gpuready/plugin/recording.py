@@ -80,10 +80,25 @@ def add_report_entry(config: pytest.Config, section: str, entry: Mapping[str, An
     item.stash.setdefault(_ENTRIES_KEY, []).append((section, plain(tagged)))
 
 
+def deployment_of_item(item: pytest.Item) -> str | None:
+    """The deployment a test checks: the preflight's ``deployment`` parameter, else its
+    ``@pytest.mark.deployment(name)``; None for a test of no deployment."""
+    callspec = getattr(item, "callspec", None)
+    param = callspec.params.get("deployment") if callspec is not None else None
+    if isinstance(param, str):
+        return param
+    marker = item.get_closest_marker("deployment")
+    if marker is not None:
+        name = marker.args[0] if marker.args else marker.kwargs.get("name")
+        return str(name) if name is not None else None
+    return None
+
+
 def record_verdict(item: pytest.Item, name: str, verdict: Verdict) -> None:
     """A check's Verdict: its summary as JUnit property ``gpuready.NAME``, all of it in the report."""
     item.user_properties.append((f"gpuready.{name}", verdict.summary))
-    entry = {"test": item.nodeid, "host": host_of_item(item), "name": name, "ok": verdict.ok,
+    entry = {"test": item.nodeid, "host": host_of_item(item), "deployment": deployment_of_item(item),
+             "name": name, "ok": verdict.ok, "needs": verdict.needs,
              "summary": verdict.summary, "details": list(verdict.details), "warnings": list(verdict.warnings),
              "evidence": dict(verdict.evidence), "rule_set": verdict.rule_set}
     item.stash.setdefault(_ENTRIES_KEY, []).append(("verdicts", plain(entry)))

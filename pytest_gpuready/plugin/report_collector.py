@@ -20,6 +20,7 @@ from pytest_gpuready.outputs import Output, OutputRefused, check_output, check_o
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_fixtures import GPU_MAX_USED_MIB
 from pytest_gpuready.plugin.host_session import HOST_REGISTRY_KEY
+from pytest_gpuready.plugin.outcomes import counts_as_error
 from pytest_gpuready.plugin.recording import PAYLOAD_ATTRIBUTE, host_state
 from pytest_gpuready.plugin.report_document import ReportData, host_entry
 from pytest_gpuready.plugin.summary import MAX_WIDTH, failure_lines, host_tables
@@ -131,7 +132,9 @@ class ReportCollector:
             message = (str(longrepr[2]) if isinstance(longrepr, tuple) and len(longrepr) == 3
                        else report.longreprtext)
         payload = getattr(report, PAYLOAD_ATTRIBUTE, None)
-        self.data.add(report.nodeid, report.when or "call", report.outcome, float(report.duration or 0.0),
+        # a could-not-measure in the test's body is an error, as in the terminal (plugin.outcomes)
+        when = "setup" if counts_as_error(report) else report.when or "call"
+        self.data.add(report.nodeid, when, report.outcome, float(report.duration or 0.0),
                       message, hasattr(report, "wasxfail"), payload if isinstance(payload, dict) else None)
 
     @pytest.hookimpl(trylast=True)
@@ -153,13 +156,17 @@ class ReportCollector:
             except OutputRefused as exc:
                 self.written.append((f"gpuready: report not written: {exc}", True))
         if self.plots is not None:
-            from pytest_gpuready.plugin.plots import save_plots
+            from pytest_gpuready.plugin.plots import NOTHING_TO_PLOT, save_plots
 
             try:
-                for saved in save_plots(document, self.plots):
-                    self.written.append((f"gpuready: plot {saved}", False))
+                saved_plots = save_plots(document, self.plots)
             except OutputRefused as exc:
                 self.written.append((f"gpuready: plot not written: {exc}", True))
+            else:
+                for saved in saved_plots:
+                    self.written.append((f"gpuready: plot {saved}", False))
+                if not saved_plots:
+                    self.written.append((f"gpuready: no plot written to {self.plots}: {NOTHING_TO_PLOT}", False))
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         config = self.config

@@ -106,7 +106,8 @@ class ReportData:
         known.update(state)
 
     def failed_verdicts(self) -> list[dict[str, Any]]:
-        return [v for v in self.sections.get("verdicts", []) if not v.get("ok")]
+        """Verdicts that measured a violation (an undecided one, whose test skipped, is none)."""
+        return [v for v in self.sections.get("verdicts", []) if not v.get("ok") and not v.get("needs")]
 
     def document(self, exit_status: int | None = None) -> dict[str, Any]:
         """The report, as the schema describes it."""
@@ -125,7 +126,7 @@ class ReportData:
             "schema_version": SCHEMA_VERSION,
             "plugin": {"name": "pytest-gpuready", "version": plugin_version()},
             "environment": {"python": platform.python_version(), "pytest": _version("pytest"),
-                            "pytest_xdist": _version("pytest-xdist")},
+                            "pytest_xdist": _version("pytest-xdist"), "hostname": platform.node()},
             "created": datetime.fromtimestamp(self.started, tz=timezone.utc).isoformat(),
             "exit_status": exit_status,
             "workers": sorted(self.workers),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -29,16 +30,17 @@ from typing import Any
 
 import pytest
 
-from pytest_gpuready.errors import ConfigError, GpuReadyError
+from pytest_gpuready.errors import ConfigError, GpuReadyError, GpuReadyWarning
 from pytest_gpuready.host.clock_events import ClockEventSampler
 from pytest_gpuready.host.hosts import Host, LocalHost
 from pytest_gpuready.host.snapshot import HostSnapshot
+from pytest_gpuready.host.xid_watch import XidRecord, XidWatcher
 from pytest_gpuready.model.deploy_config import Deployment, Throughput
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_session import HostSession
 from pytest_gpuready.plugin.model_fixtures import SKIP_NO_DEPLOY_FILE, deploy_config_of
 from pytest_gpuready.plugin.recording import add_report_entry, record
-from pytest_gpuready.serve.bench import BenchResult, ServerGoneError, run_benchmark
+from pytest_gpuready.serve.bench import BenchResult, ServerGoneError, XidDuringBenchmarkError, run_benchmark
 from pytest_gpuready.serve.server import ServerError, TeardownReport, VLLMServer
 from pytest_gpuready.serve.spec import DEFAULT_COMMAND, ServeSpec, spec_from_deployment
 from pytest_gpuready.serve.thresholds import (
@@ -94,6 +96,21 @@ SERVER_SETTINGS: tuple[s.Setting[Any], ...] = (VLLM_CMD, VLLM_READY_TIMEOUT, VLL
 
 POOL_KEY = pytest.StashKey[dict[str, "ServerPool"]]()
 """This session's server pools, one per host (by display name)."""
+XID_UNWATCHED_KEY = pytest.StashKey[set[str]]()
+"""Hosts whose Xids could not be watched, already said this session (said once, never an error)."""
+
+
+def note_xid_watch(config: pytest.Config, xids: XidRecord | None) -> None:
+    """Say once per host and session that its Xids are not watched (the kernel log needs root there)."""
+    if xids is None or xids.unwatched is None:
+        return
+    said = config.stash.setdefault(XID_UNWATCHED_KEY, set())
+    if xids.host in said:
+        return
+    said.add(xids.host)
+    message = f"{xids.host}: Xid not watched during launches and benchmarks: {xids.unwatched}"
+    record(config, "xid_watch", message)
+    warnings.warn(message, GpuReadyWarning, stacklevel=2)
 
 
 # ---------------------------------------------------------------- hooks
@@ -258,6 +275,7 @@ class ServerPool:
             raise
         finally:
             self._invalidate()
+            note_xid_watch(self.config, server.launch_xids)
         self._record_start(server)
         return server
 
@@ -293,6 +311,7 @@ class ServerPool:
             "spec": server.spec.to_dict(), "url": server.url, "attached": server.is_attached,
             "startup_s": server.ready.startup_s, "vllm_version": server.ready.vllm_version,
             "footprint": footprint.to_dict(),
+            "xids": server.launch_xids.to_dict() if server.launch_xids is not None else None,
         })
 
     def stop(self, spec: ServeSpec, *, fail: bool) -> TeardownReport | None:
@@ -479,10 +498,24 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
         try:
             gpus = server.spec.gpus
             kwargs.setdefault("clock_events", lambda: ClockEventSampler(server.host, gpus=gpus))
-            result = run_benchmark(server.url, server.model_name, concurrency, alive=alive, **kwargs)
+            watchers: list[XidWatcher] = []
+
+            def xid_watch() -> XidWatcher:
+                watchers.append(XidWatcher(server.host, gpus=gpus))
+                return watchers[-1]
+
+            kwargs.setdefault("xid_watch", xid_watch)
+            try:
+                result = run_benchmark(server.url, server.model_name, concurrency, alive=alive, **kwargs)
+            finally:
+                note_xid_watch(pytestconfig, watchers[0].record if watchers else None)
+        except XidDuringBenchmarkError as exc:
+            failure = f"benchmark of {_context(server)}: {exc}"
         except ServerGoneError as exc:
-            died = server.died_error("during the benchmark",
-                                     f"{exc.sent} requests sent ({exc.failed} failed), then no more")
+            detail = f"{exc.sent} requests sent ({exc.failed} failed), then no more"
+            if exc.xids is not None and exc.xids.seen:
+                detail = f"{exc.xids.failure('the benchmark')}; {detail}"
+            died = server.died_error("during the benchmark", detail)
             for pool in pytestconfig.stash.get(POOL_KEY, {}).values():
                 if any(kept is server for kept in pool.servers.values()):
                     pool.mark_dead(server.spec, died.summary)
@@ -502,6 +535,11 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
             record(pytestconfig, f"{prefix}.failed", level.failed)
             if level.clock_events is not None:
                 record(pytestconfig, f"{prefix}.clock_events", level.clock_events.describe())
+                for gpu, link in level.clock_events.link_shortfalls.items():
+                    message = (f"{server.host.name} GPU {gpu}: {link} at concurrency {level.concurrency}: the link "
+                               "ran narrower or slower than it may (a narrower slot, a riser, a degraded link)")
+                    record(pytestconfig, f"{prefix}.pcie.gpu{gpu}", link)
+                    warnings.warn(message, GpuReadyWarning, stacklevel=2)
         add_report_entry(pytestconfig, "benchmarks", {"server": server.describe(), "context": _context(server),
                                                       **result.to_dict()})
         write = _terminal_writer(pytestconfig)

@@ -103,8 +103,15 @@ def host_tables(hosts: Iterable[Mapping[str, Any]], max_used_mib: int,
 
 def failure_lines(hosts: Iterable[Mapping[str, Any]], verdicts: Iterable[Mapping[str, Any]],
                   width: int = MAX_WIDTH) -> list[Line]:
-    """One line per failed invariant (host, check, summary: first piece of evidence), and one per
-    host that could not be measured at all."""
+    """One line per host that could not be measured at all, then one per failed invariant of each
+    deployment: ``host  deployment  check: headline (+N more)``.
+
+    The headline is the verdict's summary (what failed, in vLLM's words where it has them); ``+N``
+    counts the lines of evidence the test's failure message holds beyond it. The headline is cut
+    to make room, never the count. A check of no deployment (the host checks, a marker on a test)
+    leaves the deployment out; the same failure in several such tests of one host is said once.
+    Undecided verdicts (their tests skipped, saying what to pass) are not failures.
+    """
     lines = []
     for host_entry in hosts:
         error = str(host_entry.get("error") or "")
@@ -113,18 +120,80 @@ def failure_lines(hosts: Iterable[Mapping[str, Any]], verdicts: Iterable[Mapping
             lines.append(Line(fit(f"{host_entry.get('name')}  not measured: {error}", width), True))
     seen: set[tuple[Any, ...]] = set()
     for verdict in verdicts:
-        if verdict.get("ok"):
+        if verdict.get("ok") or verdict.get("needs"):
             continue
-        details = [str(d).strip() for d in verdict.get("details") or []]
-        key = (verdict.get("host"), verdict.get("name"), verdict.get("summary"))
-        if key in seen:  # the same invariant failing in several tests of one host: said once
+        deployment = verdict.get("deployment")
+        summary = str(verdict.get("summary") or "").strip()
+        key = (verdict.get("host"), deployment, verdict.get("name"), None if deployment else summary)
+        if key in seen:
             continue
         seen.add(key)
-        # the evidence (the first detail: GPU, MiB, pid; file; layer) says more in 100 columns than
-        # the summary, which repeats the host; the summary stands in when there are no details
-        evidence = details[0] if details else str(verdict.get("summary"))
+        details = [str(d).strip() for d in verdict.get("details") or [] if str(d).strip()]
+        more = f" (+{len(details)} more)" if details else ""
+        prefix = f"{verdict.get('host') or '-'}  " + (f"{deployment}  " if deployment else "")
+        head = fit(f"{prefix}{verdict.get('name')}: ", max(0, width - len(more) - 20))
+        lines.append(Line(head + fit(summary.splitlines()[0] if summary else "-",
+                                     max(3, width - len(head) - len(more))) + more, True))
+    return lines
+
+
+_BAD_OUTCOMES = ("failed", "error")
+
+
+def _first_line(text: object) -> str:
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    return lines[0] if lines else ""
+
+
+def first_failure(hosts: Iterable[Mapping[str, Any]], tests: Iterable[Mapping[str, Any]],
+                  verdicts: Iterable[Mapping[str, Any]]) -> str | None:
+    """One line naming the first thing wrong in a report's data, or None when all was measured and held.
+
+    In the order an operator reads them: a host that could not be probed; a host with no GPU (a GPU
+    node whose driver fell off the bus reads so); the first failed invariant (its first piece of
+    evidence, as :func:`failure_lines` shows it); a test that failed or errored without a verdict
+    (could not measure); no test at all.
+    """
+    for host in hosts:
+        if host.get("error"):
+            return f"not measured: {_first_line(host['error'])}"
+        snapshot = host.get("snapshot") or {}
+        if snapshot.get("no_gpu_reason"):
+            return f"no GPU: {_first_line(snapshot['no_gpu_reason'])}"
+    for verdict in verdicts:
+        if verdict.get("ok"):
+            continue
+        details = [str(d).strip() for d in verdict.get("details") or [] if str(d).strip()]
+        evidence = details[0] if details else _first_line(verdict.get("summary"))
         more = f" (+{len(details) - 1} more)" if len(details) > 1 else ""
-        host = verdict.get("host") or "-"
-        text = f"{host}  {verdict.get('name')}: {fit(evidence, width - len(host) - 4 - len(more))}{more}"
-        lines.append(Line(fit(text, width), True))
+        return f"{verdict.get('name')}: {evidence}{more}"
+    ran = list(tests)
+    for test in ran:
+        if test.get("outcome") in _BAD_OUTCOMES:
+            name = str(test.get("nodeid", "")).rsplit("::", 1)[-1]
+            what = "could not measure" if test["outcome"] == "error" else "failed"
+            return f"{name} {what}: {_first_line(test.get('message') or 'no message')}"
+    return None if ran else "no test ran"
+
+
+def host_rows(document: Mapping[str, Any], width: int = MAX_WIDTH) -> list[Line]:
+    """The per-host table of a (merged) report: GPUs, driver, test outcomes (ok, fail, err, skip), the
+    first failure (:func:`first_failure`, cut to the line's width; :func:`failure_lines` has more)."""
+    hosts: Sequence[Mapping[str, Any]] = document.get("hosts") or []
+    tests: Sequence[Mapping[str, Any]] = document.get("tests") or []
+    verdicts: Sequence[Mapping[str, Any]] = document.get("verdicts") or []
+    names = [str(h.get("name")) for h in hosts]
+    name_width = min(30, max([len("host"), *(len(n) for n in names)]))
+    head = f"{'host':<{name_width}}  GPUs  {'driver':<12}  tests    ok  fail   err  skip  first failure"
+    lines = [Line(fit(head, width))]
+    for host, name in zip(hosts, names, strict=True):
+        own = [t for t in tests if t.get("host") == name]
+        counts = {o: sum(1 for t in own if t.get("outcome") == o) for o in ("passed", "failed", "error", "skipped")}
+        failure = first_failure([host], own, [v for v in verdicts if v.get("host") == name])
+        gpus = host.get("gpu_count")
+        driver = ", ".join(host.get("driver_versions") or []) or "-"
+        row = (f"{fit(name, name_width):<{name_width}}  {gpus if gpus is not None else '-':>4}  {fit(driver, 12):<12}  "
+               f"{len(own):>5}  {counts['passed']:>4}  {counts['failed']:>4}  {counts['error']:>4}  "
+               f"{counts['skipped']:>4}  ")
+        lines.append(Line(fit(row + (failure or "-"), width), failure is not None))
     return lines

@@ -14,9 +14,9 @@ groups sent apart from the ids). So the groups travel on their own here:
    ``pytest_xdist_make_scheduler``) reads it and hands each group to one worker as one unit;
    tests of no group are spread one by one.
 
-The scheduler takes over ``--dist loadgroup`` always, and ``--dist load`` (what ``-n`` alone
-means) when GPU hosts were named, so ``pytest -n auto --gpu-hosts-file fleet.txt`` never runs
-two workers against one host. Other ``--dist`` modes are left as the user chose them.
+The scheduler takes over ``--dist loadgroup`` and ``--dist load`` (what ``-n`` alone means), with
+named hosts or the default one (this machine), so ``pytest -n auto`` never runs two workers
+against one host. Other ``--dist`` modes are left as the user chose them.
 
 These hooks are registered only when xdist is installed (pytest's documented deferred-plugin
 pattern); xdist itself is imported only by the scheduler module, when xdist asks for one.
@@ -34,7 +34,6 @@ from typing import Any
 import pytest
 
 from pytest_gpuready.plugin.fleet import host_of_item
-from pytest_gpuready.plugin.host_session import get_host_registry
 
 GROUPS_DIR_KEY = "gpuready_groups_dir"
 """The ``workerinput`` key naming the directory where workers leave their groups."""
@@ -53,11 +52,13 @@ def group_of(item: pytest.Item) -> str | None:
 
 
 def scheduler_wanted(config: pytest.Config) -> bool:
-    """Whether this run's ``--dist`` mode is scheduled by host (see the module docstring)."""
-    dist = config.getoption("dist", default="no")
-    if dist == "loadgroup":
-        return True
-    return dist == "load" and get_host_registry(config).first.named_explicitly
+    """Whether this run's ``--dist`` mode is scheduled by host (see the module docstring).
+
+    ``--dist load`` is taken over whether or not a host was named: the default host (this
+    machine) has GPUs too, and two workers each starting a ``vllm_server`` on it would share them.
+    Tests of no host are units of their own, so they still spread as with ``--dist load``.
+    """
+    return config.getoption("dist", default="no") in TAKEN_OVER
 
 
 def read_groups(directory: str) -> dict[str, str]:

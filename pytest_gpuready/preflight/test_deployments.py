@@ -21,7 +21,7 @@ from pytest_gpuready.plugin.model_fixtures import (
     deployment_check,
     deployment_memory_verdict,
 )
-from pytest_gpuready.plugin.outcomes import expect
+from pytest_gpuready.plugin.outcomes import could_not_measure, expect
 from pytest_gpuready.verdict import Verdict
 
 pytestmark = pytest.mark.gpuready
@@ -82,7 +82,8 @@ def test_model_files_complete(deployment: Deployment, model_spec: ModelSpec,
     summary = (f"{model_spec.name}: {weights.shard_count} shards, {weights.total_bytes / GIB:.1f} GiB, "
                f"{weights.tensor_count:,} tensors")
     if weights.problems:
-        verdict = Verdict.failed(f"{summary}: {len(weights.problems)} problem(s) with the files",
+        verdict = Verdict.failed(f"{summary}: {len(weights.problems)} problem(s) with the files, "
+                                 f"first: {weights.problems[0]}",
                                  details=weights.problems[:20] + (
                                      (f"... and {len(weights.problems) - 20} more",)
                                      if len(weights.problems) > 20 else ()),
@@ -99,6 +100,9 @@ def test_weights_footprint_expectation(deployment: Deployment, model_spec: Model
     if low is None and high is None:
         pytest.skip(f"{deployment.name}: no expect.weights_per_gpu_gib bounds in the deploy file")
     weights = model_spec.weights or derived_weights_for(model_spec)
+    if not weights.sized:
+        could_not_measure(f"{model_spec.name}: cannot size the weights, {weights.unreadable_shards} of "
+                          f"{weights.shard_count} shard(s) unreadable (test_model_files_complete names them)")
     per_gpu = weights.per_gpu_bytes(deployment.tp) / GIB
     bounds = f"[{low if low is not None else '-'}, {high if high is not None else '-'}] GiB"
     inside = (low is None or per_gpu >= low) and (high is None or per_gpu <= high)

@@ -33,6 +33,7 @@ import requests as requests_lib
 
 from pytest_gpuready.errors import GpuReadyError
 from pytest_gpuready.host.clock_events import ClockEventRecord, ClockEventSampler
+from pytest_gpuready.host.xid_watch import XidRecord, XidWatcher
 from pytest_gpuready.serve.loadgen import Endpoint, RequestOutcome, run_coroutine, run_requests
 
 DEFAULT_CONCURRENCY = (1, 8, 64)
@@ -57,9 +58,19 @@ class BenchmarkError(GpuReadyError):
 class ServerGoneError(BenchmarkError):
     """The server's process ended during the benchmark (``alive`` said so): the benchmark stopped sending."""
 
-    def __init__(self, message: str, sent: int, failed: int) -> None:
+    def __init__(self, message: str, sent: int, failed: int, xids: XidRecord | None = None) -> None:
         self.sent = sent
         self.failed = failed
+        self.xids = xids
+        """The Xids raised during the level the server died in (None: not watched)."""
+        super().__init__(message)
+
+
+class XidDuringBenchmarkError(BenchmarkError):
+    """The driver raised an Xid on the server's GPUs while a level ran: the GPU failed under load."""
+
+    def __init__(self, message: str, level: LevelResult) -> None:
+        self.level = level
         super().__init__(message)
 
 
@@ -101,6 +112,8 @@ class LevelResult:
     clock_events: ClockEventRecord | None = None
     """The GPUs' clock-event reasons sampled while this level ran (None: not sampled). A level whose
     GPUs slowed themselves (HW slowdown, thermal, power brake) measured the cooling, not vLLM."""
+    xids: XidRecord | None = None
+    """The Xids raised on the server's GPUs while this level ran (None: not watched)."""
 
     @property
     def throttled(self) -> dict[int, tuple[str, ...]]:
@@ -127,6 +140,8 @@ class LevelResult:
         data["errors"] = list(self.errors)
         if self.clock_events is not None:
             data["clock_events"] = self.clock_events.to_dict()
+        if self.xids is not None:
+            data["xids"] = self.xids.to_dict()
         return data
 
 
@@ -407,6 +422,7 @@ def run_benchmark(
     extra_body: Mapping[str, Any] | None = None,
     alive: Callable[[], bool] | None = None,
     clock_events: Callable[[], ClockEventSampler] | None = None,
+    xid_watch: Callable[[], XidWatcher] | None = None,
 ) -> BenchResult:
     """Measure ``model`` at ``url`` at each concurrency; raise :class:`BenchmarkError` if nothing succeeds.
 
@@ -421,6 +437,9 @@ def run_benchmark(
 
     ``clock_events`` makes a :class:`~pytest_gpuready.host.clock_events.ClockEventSampler` per level
     (e.g. ``lambda: ClockEventSampler(host, gpus=[0, 1])``); what it saw is the level's ``clock_events``.
+    ``xid_watch`` makes a :class:`~pytest_gpuready.host.xid_watch.XidWatcher` per level: an Xid
+    raised while a level runs ends the benchmark with :class:`XidDuringBenchmarkError` (the level's
+    result attached), and names the Xid first when the server died in that level.
     """
     levels_wanted = [concurrency] if isinstance(concurrency, int) else list(concurrency)
     if not levels_wanted or any(not isinstance(c, int) or c < 1 for c in levels_wanted):
@@ -445,13 +464,24 @@ def run_benchmark(
         if alive is not None and not alive():
             raise ServerGoneError(f"the server's process is gone before concurrency {level}", 0, 0)
         sampler = clock_events().start() if clock_events is not None else None
+        watcher = xid_watch().start() if xid_watch is not None else None
         try:
             outcomes, duration = _run_level(endpoint, model, prompts, concurrency=level,
                                             requests_total=count, output_tokens=output_tokens,
                                             timeout_s=timeout_s, extra_body=body, alive=alive)
+        except ServerGoneError as exc:
+            gone_xids = watcher.stop() if watcher is not None else None
+            if gone_xids is None or not gone_xids.seen:
+                raise
+            raise ServerGoneError(f"{gone_xids.failure(f'concurrency {level}')}; then: {exc}",
+                                  exc.sent, exc.failed, gone_xids) from exc
         finally:
             record = sampler.stop() if sampler is not None else None
-        result = replace(calculate_metrics(outcomes, duration, level), clock_events=record)
+            xids = watcher.stop() if watcher is not None else None
+        result = replace(calculate_metrics(outcomes, duration, level), clock_events=record, xids=xids)
+        if xids is not None and xids.seen:
+            raise XidDuringBenchmarkError(f"{xids.failure(f'the benchmark level at concurrency {level}')}; "
+                                          f"the benchmark stopped there", result)
         if result.completed == 0:
             raise BenchmarkError(f"benchmark of {model} at {base}: all {count} requests at concurrency "
                                  f"{level} failed: {'; '.join(result.errors) or 'no error text'}")
@@ -481,6 +511,7 @@ __all__ = [
     "PromptFactory",
     "RequestOutcome",
     "ServerGoneError",
+    "XidDuringBenchmarkError",
     "calculate_metrics",
     "latency_stats",
     "percentile",

@@ -24,6 +24,7 @@ import socket
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ import requests
 
 from pytest_gpuready.errors import ConfigError, GpuReadyWarning
 from pytest_gpuready.host.hosts import Host, LocalHost
+from pytest_gpuready.host.xid_watch import XidRecord, XidWatcher
 from pytest_gpuready.serve import processes, vllm_log
 from pytest_gpuready.serve.footprint import Footprint, GpuMemoryWatch, SnapshotFn, short_gpu_name
 from pytest_gpuready.serve.launch import LaunchedProcess, describe_exit, launch_local, launch_remote
@@ -44,6 +46,7 @@ from pytest_gpuready.serve.server_errors import (
     ServerMismatchError,
     ServerStartTimeout,
     TeardownError,
+    XidDuringLaunchError,
 )
 from pytest_gpuready.serve.shm_ownership import ShmOwnership
 from pytest_gpuready.serve.spec import ServeSpec, build_argv, build_env
@@ -130,6 +133,7 @@ class VLLMServer:
         attach_url: str | None = None,
         watchdog: bool = True,
         watchdog_grace_s: float = DEFAULT_GRACE_S,
+        xid_watch: bool | Callable[[], XidWatcher] = True,
     ) -> None:
         if ready_timeout_s <= 0:
             raise ConfigError(f"ready_timeout_s: expected seconds > 0, got {ready_timeout_s!r}")
@@ -150,6 +154,9 @@ class VLLMServer:
         self.watchdog_grace_s = watchdog_grace_s
         self.watchdog: Watchdog | None = None
         """The watchdog that stops the server if this process dies first (see :mod:`.watchdog`)."""
+        self._xid_watch = xid_watch
+        self.launch_xids: XidRecord | None = None
+        """The Xids raised on the server's GPUs while it started (None: not watched, or attached)."""
         self._log_dir = Path(log_dir) if log_dir is not None else None
         self.log_path: str | None = None
         self.argv: list[str] = []
@@ -253,6 +260,42 @@ class VLLMServer:
             return self.ready
         if self.pid is not None:
             raise ServerError(f"{self.name}: already started (pid {self.pid})")
+        watcher = self._new_xid_watcher()
+        try:
+            ready = self._start_launched()
+        except ServerError as exc:
+            raise self._with_launch_xids(watcher, exc) from exc
+        except BaseException:
+            self._stop_xid_watch(watcher)
+            raise
+        record = self._stop_xid_watch(watcher)
+        if record is not None and record.seen:
+            self.stop(verify=False, note="an Xid was raised during the launch")
+            raise self._fail(XidDuringLaunchError, f"vLLM {self.name}: {record.failure('the launch')}; "
+                                                   "the server was stopped")
+        return ready
+
+    def _new_xid_watcher(self) -> XidWatcher | None:
+        if self._xid_watch is False:
+            return None
+        if self._xid_watch is True:
+            return XidWatcher(self.host, gpus=self.spec.gpus).start()
+        return self._xid_watch().start()
+
+    def _stop_xid_watch(self, watcher: XidWatcher | None) -> XidRecord | None:
+        if watcher is None:
+            return None
+        self.launch_xids = watcher.stop()
+        return self.launch_xids
+
+    def _with_launch_xids(self, watcher: XidWatcher | None, exc: ServerError) -> ServerError:
+        """A launch that failed while the driver raised an Xid: the Xid is the cause, said first."""
+        record = self._stop_xid_watch(watcher)
+        if record is None or not record.seen or isinstance(exc, TeardownError):
+            return exc
+        return type(exc)(f"{record.failure('the launch')}; then: {exc.summary}", exc.log_tail, exc.log_path)
+
+    def _start_launched(self) -> ReadyInfo:
         try:
             self._memory.take_baseline()
             for attempt in range(1, PORT_ATTEMPTS + 1):

@@ -48,6 +48,10 @@ class ServerDiedError(ServerError):
     """The server's process ended while it was supposed to serve (during a benchmark, between tests)."""
 
 
+class XidDuringLaunchError(ServerError):
+    """The driver raised an Xid on the server's GPUs while it started: the GPU failed under the launch."""
+
+
 class TeardownError(ServerError):
     """Teardown left processes, GPU memory or /dev/shm files behind."""
 
@@ -64,4 +68,5 @@ __all__ = [
     "ServerMismatchError",
     "ServerStartTimeout",
     "TeardownError",
+    "XidDuringLaunchError",
 ]

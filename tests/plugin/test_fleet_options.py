@@ -100,4 +100,5 @@ def test_the_preflight_deployments_run_per_host(pytester: pytest.Pytester) -> No
     assert "test_fp8_block_alignment[MiniMax-M2.5-tp8-gpu-2]" in ids
     assert "test_gpus_are_clean[gpu-1]" in ids
     assert "test_gpus_visible[MiniMax-M2.5-tp8-gpu-1]" in ids
-    assert len(ids) == 2 * (38 + 6 + 4 * 5)  # + test_health.py: 6 host-wide, 4 per deployment of 5
+    # test_deployments.py: 8 per deployment of 5; test_host.py: 3; test_health.py: 6 host-wide, 4 per deployment
+    assert len(ids) == 2 * (8 * 5 + 3 + 6 + 4 * 5)

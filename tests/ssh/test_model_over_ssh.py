@@ -54,7 +54,7 @@ def test_deployment_preflight_over_ssh_opens_one_connection(pytester: pytest.Pyt
         result = pytester.runpytest("-p", "pytest_gpuready.plugin.model_fixtures", "-p", "no:cacheprovider",
                                     "--pyargs", "pytest_gpuready.preflight.test_deployments",
                                     "--gpuready-config", "deploy.yaml", *loopback_sshd.pytest_args(), "-v")
-    result.assert_outcomes(passed=6, skipped=1)
+    result.assert_outcomes(passed=7, skipped=1)
     result.stdout.fnmatch_lines_random([
         "*test_memory_fit[[]tp4[]] PASSED*",
         "*test_fp8_block_alignment[[]tp4[]] PASSED*",

@@ -38,7 +38,8 @@ def test_hung_remote_nvidia_smi_is_named_and_killed_on_the_host(loopback_sshd: L
             took = time.monotonic() - started
     finally:
         host.close()
-    assert snap.errors == {"gpus": "nvidia-smi --query-gpu did not answer within 2 s"}
+    hung = "nvidia-smi --query-gpu did not answer within 2 s"
+    assert snap.errors == {"gpus": hung, "health": hung}  # the health fields: a second --query-gpu, same trip
     assert snap.shm is not None
     assert snap.topology is None
     assert took < 60  # finished, not hung (the probe's own watchdog acts at 2 s)

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from pytest_gpuready.errors import ProbeError
 from pytest_gpuready.host.clock_events import (
     ClockEventSampler,
+    ClockSample,
+    LinkReading,
     parse_clock_events,
+    parse_clock_sample,
     parse_mask,
     reason_names,
     throttling_reasons,
 )
+from pytest_gpuready.host.hosts import LocalHost
 from tests.conftest import DATA
 
 HEALTH = DATA / "nvidia-smi" / "h200-health"
@@ -100,3 +106,66 @@ def test_a_benchmark_level_records_what_its_sampler_saw() -> None:
                         clock_events=sampler.stop())
     assert level.throttled == {0: ("hw_thermal_slowdown",)}
     assert level.to_dict()["clock_events"]["reasons"]["0"]["names"] == ["sw_power_cap", "hw_thermal_slowdown"]
+
+
+def _load_row(index: int, **changed: str) -> str:
+    names = ("clocks_event_reasons.active", "pcie.link.gen.current", "pcie.link.gen.max",
+             "pcie.link.width.current", "pcie.link.width.max")
+    return ", ".join([str(index), *(changed.get(n.replace(".", "_"), field(n, "load")) for n in names)])
+
+
+def test_one_call_reads_the_mask_and_the_pcie_link() -> None:
+    sample = parse_clock_sample(_load_row(0) + "\n" + _load_row(1, pcie_link_width_current="8") + "\n")
+    assert sample.masks == {0: 0x4, 1: 0x4}
+    assert sample.links == {0: LinkReading(5, 5, 16, 16), 1: LinkReading(5, 5, 8, 16)}
+    legacy = parse_clock_sample("0, 0x0000000000000001\n")  # a driver that answered the mask alone
+    assert (legacy.masks, legacy.links) == ({0: 0x1}, {})
+    with pytest.raises(ProbeError, match="unexpected line"):
+        parse_clock_sample("0, 0x1, 5\n", "gpu-box")
+
+
+def test_a_link_below_its_maximum_for_the_whole_level_is_a_shortfall() -> None:
+    idle = LinkReading(1, 5, 16, 16)  # the level's first sample, before the load ramps up: not judged alone
+    full = LinkReading(5, 5, 16, 16)
+    narrow = LinkReading(5, 5, 8, 16)  # a card seated in a x8 slot, or a degraded link
+    samples: Iterator[ClockSample] = iter([ClockSample({0: 0x1, 1: 0x1}, {0: idle, 1: narrow}),
+                                           ClockSample({0: 0x4, 1: 0x4}, {0: full, 1: narrow})])
+    took = threading.Event()
+
+    def reader() -> ClockSample:
+        try:
+            return next(samples)
+        except StopIteration:
+            took.set()
+            return ClockSample({0: 0x4, 1: 0x4}, {0: full, 1: narrow})
+
+    sampler = ClockEventSampler(reader=reader, interval_s=0.01).start()
+    assert took.wait(10)
+    record = sampler.stop()
+    assert record.link_shortfalls == {1: "PCIe gen 5 x8 at best under load (max gen 5 x16)"}
+    pcie = record.to_dict()["pcie"]
+    assert (pcie["0"]["short"], pcie["1"]["short"], pcie["1"]["width"]) == (False, True, 8)
+
+
+def test_masks_alone_keep_working_for_readers_that_return_them() -> None:
+    record = ClockEventSampler(reader=lambda: {0: 0x4}, interval_s=10).start().stop()
+    assert (record.link_shortfalls, "pcie" in record.to_dict()) == ({}, False)
+
+
+def test_over_a_host_one_nvidia_smi_call_reads_both(standin: Callable[[str], Path], tmp_path: Path) -> None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("NVML answers here: the local sampler reads NVML, not the stand-in nvidia-smi")
+    except pynvml.NVMLError:
+        pass
+    scenario = tmp_path / "h200-narrow"
+    shutil.copytree(standin("h200-idle"), scenario)
+    tsv = scenario / "all-fields.tsv"
+    tsv.write_text(tsv.read_text().replace("pcie.link.width.current\t16", "pcie.link.width.current\t8"))
+    standin(str(scenario))
+    record = ClockEventSampler(LocalHost(), interval_s=10).start().stop()
+    assert record.measured, record.errors
+    assert record.link_shortfalls == {0: "PCIe gen 5 x8 at best under load (max gen 5 x16)"}

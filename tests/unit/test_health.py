@@ -205,8 +205,9 @@ def test_xid_history_warns_and_unreadable_is_said_once() -> None:
     logged = replace(snap, health=replace(snap.health, xid=parse_xid_log(line)))
     verdict = check_xid_history(logged)
     assert verdict.ok
-    assert verdict.warnings[0].startswith("gpu-box: kernel log: Xid 79 on PCI 0000:3b:00 (the GPU has fallen off the "
-                                          "bus: reboot")
+    assert verdict.warnings[0].startswith("gpu-box: kernel log: Xid 79 on PCI 0000:3b:00 "
+                                          "(ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS, GPU has fallen off the bus: "
+                                          "NVIDIA's immediate action RESTART_BM (reboot the node")
     unreadable = parse_xid_log("@@unreadable dmesg: read kernel buffer failed: Operation not permitted")
     quiet = check_xid_history(replace(snap, health=replace(snap.health, xid=unreadable)))
     assert quiet.ok

@@ -153,6 +153,20 @@ def test_shm_files_of_a_running_server_are_warnings_not_failures() -> None:
     )
 
 
+def test_many_files_of_other_processes_are_one_warning() -> None:
+    """A shared machine: 87 files of other users' live servers are one warning (count, total size,
+    the oldest, where to see each), and every file stays in the evidence."""
+    live = [ShmEntry(f"psm_{i:04x}", MIB, "user", NOW - 60 * i, in_use=True) for i in range(87)]
+    verdict = check_shm_clean(shm(live), now=NOW)
+    assert verdict.ok
+    assert verdict.warnings == (
+        "/dev/shm on gpu-box-7: 87 files matching the leftover patterns are in use by live processes (running "
+        "servers'; not leftovers), 87.0 MiB in all, the oldest /dev/shm/psm_0056 (86 min old); each is in the "
+        "shm_clean verdict's evidence (in_use) of --gpuready-report, or list them with: ls -la /dev/shm on gpu-box-7",
+    )
+    assert len(verdict.evidence["in_use"]) == 87
+
+
 def test_shm_without_root_cannot_tell_and_fails() -> None:
     verdict = check_shm_clean(shm([ShmEntry("nccl-abc", MIB, "root", NOW, in_use=None)], root=False), now=NOW)
     assert not verdict.ok

@@ -554,8 +554,9 @@ def test_busy_gpus_fail_like_vllms_startup_check(minimax_weights: ModelSpec) -> 
 def test_nothing_left_for_the_kv_cache(minimax_weights: ModelSpec) -> None:
     verdict = check_memory_fit(minimax_weights, h200(), 1, vllm_version="0.19.0")
     assert verdict.summary == (
-        "MiniMax-M2.5 at TP=1: No available memory for the cache blocks: 217.94 GiB of weights and profile-run "
-        "memory per GPU exceed the 125.82 GiB budget. Try increasing `gpu_memory_utilization`, or use more GPUs.")
+        "MiniMax-M2.5 at TP=1: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+        "when initializing the engine (217.94 GiB of weights and profile-run memory per GPU exceed the "
+        "125.82 GiB budget; or use more GPUs).")
 
 
 def test_one_request_of_max_model_len_must_fit(minimax_weights: ModelSpec) -> None:

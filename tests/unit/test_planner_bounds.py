@@ -123,8 +123,9 @@ def test_a_malformed_index_total_size_is_an_error_naming_file_and_key(tmp_path: 
     assert done.stdout == ""
     if isinstance(total, float):
         shown = json.dumps(total)
-    assert done.stderr == (f"gpuready plan: {folder}/model.safetensors.index.json: key 'metadata.total_size' is "
-                           f"{shown}; expected the checkpoint's size in bytes, a whole number > 0\n")
+    assert done.stderr == (f"gpuready plan: {folder.name}: cannot size the weights, 1 of 1 shard(s) unreadable "
+                           f"(model.safetensors.index.json: key 'metadata.total_size' is {shown}; expected the "
+                           "checkpoint's size in bytes, a whole number > 0)\n")
 
 
 def test_a_good_index_total_size_is_still_the_authority(tmp_path: Path) -> None:

@@ -56,7 +56,10 @@ def test_entry_point_is_the_plugin_package() -> None:
     assert plugin.pytest_plugins == [
         "pytest_gpuready.plugin.fleet",
         "pytest_gpuready.plugin.recording",
+        "pytest_gpuready.plugin.outcomes",
         "pytest_gpuready.plugin.host_fixtures",
+        "pytest_gpuready.plugin.health_fixtures",
+        "pytest_gpuready.plugin.two_gpu_fixtures",
         "pytest_gpuready.plugin.model_fixtures",
         "pytest_gpuready.plugin.server_fixtures",
         "pytest_gpuready.plugin.report_collector",

@@ -226,3 +226,89 @@ def test_non_power_of_two_layouts_are_rows_with_vllms_failure() -> None:
     tp3 = next(r for r in rows if r.layout.tp == 3 and r.layout.pp == 1 and r.layout.dp == 1)
     assert tp3.status == "fails"
     assert "32000" in tp3.reason
+
+
+# ---------------------------------------------------------------- NVFP4 MoE backend selection
+
+NEMOTRON_NVFP4_QUANT = {"producer": {"name": "modelopt"},
+                        "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "group_size": 16}}
+"""The NVFP4 checkpoint's quantization as its model card and vllm#52308 give it (ModelOpt NVFP4,
+FP8 KV cache); the architecture is the BF16 checkpoint's config (SOURCES.md)."""
+
+
+def nvfp4_spec(name: str, hf_quant_config: dict[str, Any] | None = None) -> ModelSpec:
+    quant = CONFIGS / f"{name}.hf_quant_config.json"
+    return model_spec_from_config(json.loads((CONFIGS / f"{name}.json").read_text()), name=name,
+                                  hf_quant_config=hf_quant_config or json.loads(quant.read_text()))
+
+
+NEMOTRON = "nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
+DSV4 = "nvidia__DeepSeek-V4-Flash-NVFP4"
+NO_BACKEND = "No NvFp4 MoE backend supports the deployment configuration."
+
+
+def test_nemotron_nano_nvfp4_on_rtx_5090_has_no_moe_backend_on_015() -> None:
+    """vllm-project/vllm#35065: NVIDIA-Nemotron-3-Nano-30B-A3B-NVFP4 on an RTX 5090 (SM120) stops
+    with ``No NvFp4 MoE backend supports the deployment configuration``. Its experts are
+    non-gated ReLU^2; in 0.15 the SM120 kernels are gated-only and FlashInfer CUTLASS is SM90/SM100
+    only. 0.16 opens FlashInfer CUTLASS to SM120 (vllm#33417); vllm#52308 runs it on SM120 (0.27)."""
+    from pytest_gpuready import Layout, check_deployment
+
+    model = nvfp4_spec(NEMOTRON, NEMOTRON_NVFP4_QUANT)
+    check = check_deployment(model, Layout(tp=1), "sm120", "0.15.1")
+    assert check.word == "fails"
+    assert check.first_failure is not None
+    assert check.first_failure[0] == "nvfp4_moe_backend"
+    assert check.reason.endswith(NO_BACKEND)
+    verdict = check.first_failure[1]
+    assert verdict.evidence["reasons"] == {
+        "FLASHINFER_TRTLLM": "kernel does not support current device",
+        "FLASHINFER_CUTEDSL": "kernel does not support current device",
+        "FLASHINFER_CUTLASS": "kernel does not support current device",
+        "VLLM_CUTLASS": "kernel does not support no act_and_mul MLP layer",
+        "MARLIN": "kernel does not support no act_and_mul MLP layer"}
+    assert ("NvFp4 MoE backend 'MARLIN' does not support the deployment configuration since kernel does not "
+            "support no act_and_mul MLP layer.") in verdict.details
+    for version, chosen in (("0.16.0", "FLASHINFER_CUTLASS"), ("0.27.0", "FLASHINFER_CUTLASS")):
+        later = check_deployment(model, Layout(tp=1), "sm120", version).verdicts["nvfp4_moe_backend"]
+        assert later.ok, (version, later.summary)
+        assert later.evidence["chosen"] == chosen, version
+    # On a B200 (SM100) the same 0.15 finds FlashInfer CUTLASS, which takes non-gated experts.
+    assert check_deployment(model, Layout(tp=1), "sm100", "0.15.0").verdicts["nvfp4_moe_backend"].ok
+
+
+def test_deepseek_v4_flash_nvfp4_swiglu_limit_leaves_only_trtllm_on_022() -> None:
+    """vllm-project/vllm#45661: DeepSeek-V4-Flash-NVFP4 (ModelOpt MIXED_PRECISION, NVFP4 experts)
+    on an RTX PRO 6000 (SM120): ``NotImplementedError: No NvFp4 MoE backend supports the deployment
+    configuration.`` Its ``swiglu_limit: 10.0`` restricts the oracle to the backends that apply
+    the clamp, in 0.22-0.23 only FLASHINFER_TRTLLM, an SM100 kernel; 0.24 adds FlashInfer CUTLASS
+    and Marlin."""
+    from pytest_gpuready import Layout, check_deployment
+
+    model = nvfp4_spec(DSV4)
+    for version in ("0.22.0", "0.23.0"):
+        check = check_deployment(model, Layout(tp=1), (12, 0), version)
+        assert check.word == "fails", version
+        verdict = check.verdicts["nvfp4_moe_backend"]
+        assert verdict.summary.endswith(NO_BACKEND)
+        assert verdict.evidence["tried"] == ["FLASHINFER_TRTLLM"]
+        assert verdict.evidence["swiglu_limit"] == 10.0
+        assert ("NvFp4 MoE backend 'FLASHINFER_TRTLLM' does not support the deployment configuration since "
+                "kernel does not support current device SM120.") in verdict.details
+    assert check_deployment(model, Layout(tp=1), (10, 0), "0.22.0").verdicts["nvfp4_moe_backend"].ok
+    for version in ("0.21.0", "0.24.0", "0.32.0"):
+        assert check_deployment(model, Layout(tp=1), (12, 0), version).verdicts["nvfp4_moe_backend"].ok, version
+
+
+def test_nvfp4_moe_rule_is_undecided_where_it_cannot_see() -> None:
+    """Before 0.15 vLLM had no oracle (a fixed CUTLASS-or-Marlin choice): undecided, naming the range
+    read; without the GPU's capability: undecided; a non-NVFP4 model: does not apply."""
+    from pytest_gpuready import Layout
+    from pytest_gpuready.model.rules import check_nvfp4_moe_backend
+
+    model = nvfp4_spec(NEMOTRON, NEMOTRON_NVFP4_QUANT)
+    old = check_nvfp4_moe_backend(model, Layout(tp=1), "sm120", "0.14.1")
+    assert old.needs is not None
+    assert "0.15 to 0.33" in old.needs
+    assert check_nvfp4_moe_backend(model, Layout(tp=1), None, "0.15.0").needs is not None
+    assert check_nvfp4_moe_backend(config("openai__gpt-oss-20b"), Layout(tp=1), "sm120", "0.15.0").ok

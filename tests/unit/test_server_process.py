@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -90,10 +91,13 @@ def test_sigterm_then_sigkill_for_the_whole_session_and_nobody_else(tmp_path: Pa
     try:
         # Both the shell and its child ignore SIGTERM (an ignored signal stays ignored across exec),
         # as vLLM's EngineCore and workers do while they initialise.
-        script = 'trap "" TERM; sleep 60 & echo started; wait'
+        # The engine's fatal line comes only once the child runs `sleep`: the start fails on that
+        # condition, never on a deadline the shell must beat on a loaded machine.
+        script = ('trap "" TERM; sleep 60 & while ! grep -q sleep /proc/$!/cmdline 2>/dev/null; do :; done; '
+                  'echo "(EngineCore_DP0 pid=7) ERROR 01-15 [core.py:708] EngineCore failed to start."; wait')
         server = VLLMServer(ServeSpec(model="/m", served_model_name="m", command=sh(script)), log_dir=tmp_path,
-                            ready_timeout_s=1.0, term_timeout_s=0.5, poll_interval_s=0.1)
-        with pytest.raises(ServerStartTimeout):
+                            ready_timeout_s=600, fatal_grace_s=0.3, term_timeout_s=0.5, poll_interval_s=0.1)
+        with pytest.raises(EngineDeadError):
             server.start()
         report = server.teardown
         assert report is not None
@@ -138,8 +142,18 @@ def test_attach_needs_an_http_url() -> None:
 
 
 def test_session_listing_reads_proc_and_signals_only_members() -> None:
-    proc = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & wait"], start_new_session=True)
+    # the shell prints its children's pids once it has forked them; each is listed only once it
+    # has exec'd sleep (read here from /proc directly, not by the code under test): waited on,
+    # never assumed from the time since Popen
+    proc = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; sleep 60 & echo $!; wait"], start_new_session=True,
+                            stdout=subprocess.PIPE, text=True)
     try:
+        assert proc.stdout is not None
+        children = [int(proc.stdout.readline()), int(proc.stdout.readline())]
+        deadline = time.monotonic() + 60  # a backstop, not a guess of speed
+        while time.monotonic() < deadline and not all(
+                Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x0060\x00" for pid in children):
+            time.sleep(0.01)
         members = session_members(LocalHost(), proc.pid, 0)
         assert len(members) == 3
         assert {m.pid for m in members} >= {proc.pid}
@@ -151,6 +165,8 @@ def test_session_listing_reads_proc_and_signals_only_members() -> None:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 def test_session_script_rejects_other_signals_and_parses_its_output() -> None:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from pytest_gpuready.errors import ConfigError
 from pytest_gpuready.host.snapshot import GpuInfo, HostSnapshot
 from pytest_gpuready.model import memory
 from pytest_gpuready.model.checks.common import (
@@ -136,6 +137,12 @@ def memory_fit(model: ModelSpec, snapshot: HostSnapshot, args: ServeArgs, *, gpu
     vLLM version the accounting does not cover is *undecided*, naming the range it covers.
     ``speculative`` adds a draft's memory (:class:`memory.SpeculativeSettings`).
     """
+    weights = model.weights
+    if weights is not None and not weights.sized:
+        # The readable shards alone would understate the weights: a fit on them is no answer.
+        raise ConfigError(f"{model.name}: cannot size the weights, {weights.unreadable_shards} of "
+                          f"{weights.shard_count} shard(s) unreadable"
+                          + (f" ({weights.problems[0]})" if weights.problems else ""))
     version = _version(vllm_version)
     present = snapshot.require_gpus()
     host = snapshot.host
@@ -257,9 +264,10 @@ def memory_verdict(model: ModelSpec, plan: memory.MemoryPlan, layout: str, kv: K
         warnings.append(f"{model.name}: weights {weights.provenance()}")
     if available <= 0:
         return Verdict.failed(
-            f"{model.name} at {layout}: No available memory for the cache blocks: "
-            f"{_gib(plan.non_kv_bytes)} GiB of weights and profile-run memory per GPU exceed the "
-            f"{_gib(plan.budget_bytes)} GiB budget. Try increasing `gpu_memory_utilization`, or use more GPUs.",
+            f"{model.name} at {layout}: No available memory for the cache blocks. Try increasing "
+            "`gpu_memory_utilization` when initializing the engine "
+            f"({_gib(plan.non_kv_bytes)} GiB of weights and profile-run memory per GPU exceed the "
+            f"{_gib(plan.budget_bytes)} GiB budget; or use more GPUs).",
             details=tuple(details), evidence=evidence, warnings=tuple(warnings), rule_set=plan.rule_set)
     if length is None:
         return Verdict.failed(

@@ -29,6 +29,7 @@ from pytest_gpuready.model.rules.context import check_context_length
 from pytest_gpuready.model.rules.fp8 import check_fp8_blocks
 from pytest_gpuready.model.rules.marlin import check_marlin_fp8
 from pytest_gpuready.model.rules.memory import check_memory
+from pytest_gpuready.model.rules.nvfp4_moe import check_nvfp4_moe_backend
 from pytest_gpuready.model.rules.parallel import check_expert_parallel, check_tensor_parallel, check_world_size
 from pytest_gpuready.model.rules.quantization import check_quantization_capability
 from pytest_gpuready.model.serve_args import Layout
@@ -44,6 +45,7 @@ RULES: Mapping[str, Rule] = {
     "fp8_block_alignment": check_fp8_blocks,
     "attention_backend": check_attention_backend,
     "marlin_fp8_tiles": check_marlin_fp8,
+    "nvfp4_moe_backend": check_nvfp4_moe_backend,
 }
 """The rules by name, each ``(model, layout, capability, vllm_version) -> Verdict``."""
 
@@ -151,6 +153,7 @@ __all__ = [
     "check_fp8_blocks",
     "check_marlin_fp8",
     "check_memory",
+    "check_nvfp4_moe_backend",
     "check_quantization_capability",
     "check_tensor_parallel",
     "check_world_size",
