@@ -59,10 +59,9 @@ if TYPE_CHECKING:  # the real imports, for type checkers; at run time names load
         ServerExitedError,
         ServerMismatchError,
         ServerStartTimeout,
-        TeardownError,
     )
     from pytest_gpuready.serve.spec import ServeSpec, build_argv, build_env, spec_from_deployment
-    from pytest_gpuready.serve.teardown import TeardownReport
+    from pytest_gpuready.serve.teardown import TeardownError, TeardownReport
     from pytest_gpuready.verdict import Verdict
 
 _EXPORTS: dict[str, str] = {
@@ -104,7 +103,7 @@ _EXPORTS: dict[str, str] = {
     "ServingBenchmark": "pytest_gpuready.plugin.server_fixtures",
     "ShmEntry": "pytest_gpuready.host.snapshot",
     "ShmStatus": "pytest_gpuready.host.snapshot",
-    "TeardownError": "pytest_gpuready.serve.server_errors",
+    "TeardownError": "pytest_gpuready.serve.teardown",
     "TeardownReport": "pytest_gpuready.serve.teardown",
     "Throughput": "pytest_gpuready.model.deploy_config",
     "Topology": "pytest_gpuready.host.snapshot",

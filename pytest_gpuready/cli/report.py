@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pytest_gpuready.errors import ConfigError
-from pytest_gpuready.plugin.host_fixtures import GPU_MAX_USED_MIB
+from pytest_gpuready.plugin.options import GPU_MAX_USED_MIB
 from pytest_gpuready.plugin.report_merge import merge_reports, read_report
 from pytest_gpuready.plugin.summary import failure_lines, host_rows, host_tables
 

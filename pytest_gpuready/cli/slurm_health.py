@@ -17,8 +17,8 @@ import sys
 from collections.abc import Sequence
 
 from pytest_gpuready.errors import ConfigError
-from pytest_gpuready.plugin.host_fixtures import GPU_IDS, GPU_REAP_ORPHANS
 from pytest_gpuready.plugin.model_fixtures import GPUREADY_CONFIG
+from pytest_gpuready.plugin.options import GPU_IDS, GPU_REAP_ORPHANS
 from pytest_gpuready.slurm.health import (
     DEFAULT_TIMEOUT_S,
     EXIT_CANNOT_ACT,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_gpuready.errors import GpuReadyError, ProbeError
+from pytest_gpuready.host.gpus import nvml as load_nvml
 from pytest_gpuready.host.hosts import Host
 
 CLOCK_EVENT_REASONS: dict[int, str] = {
@@ -187,9 +188,7 @@ class _NvmlReader:
 
     def __init__(self, nvml: Any = None) -> None:
         if nvml is None:
-            import pynvml
-
-            nvml = pynvml
+            nvml = load_nvml()
         self._nvml = nvml
         nvml.nvmlInit()
         self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]

@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pytest_gpuready.errors import ProbeError
 from pytest_gpuready.host.snapshot import GpuInfo, GpuProcess
@@ -196,6 +197,18 @@ class NvmlUnavailable(Exception):
     """NVML could not be loaded or initialised here; the caller falls back to nvidia-smi."""
 
 
+def nvml() -> Any:
+    """The NVML bindings (nvidia-ml-py's ``pynvml``): imported here only, for every reader of NVML.
+
+    Raises :class:`NvmlUnavailable` when nvidia-ml-py is not installed.
+    """
+    try:
+        import pynvml
+    except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
+        raise NvmlUnavailable(f"nvidia-ml-py is not installed: {exc}") from exc
+    return pynvml
+
+
 def _mib(value: int | None) -> int | None:
     return None if value is None else int(value) // (1024 * 1024)
 
@@ -210,10 +223,7 @@ def read_nvml() -> NvmlReading:
     Raises :class:`NvmlUnavailable` when the library or driver cannot be initialised, so the
     probe can try nvidia-smi, which gives the driver's own error text.
     """
-    try:
-        import pynvml
-    except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
-        raise NvmlUnavailable(f"nvidia-ml-py is not installed: {exc}") from exc
+    pynvml = nvml()
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:

@@ -269,10 +269,7 @@ def _read_nvml_with_health(health: bool) -> _LocalReading:
     probe falls back to nvidia-smi). A listing that fails (a lost GPU) does not lose the health:
     the alive check names the GPU with the driver's words.
     """
-    try:
-        import pynvml
-    except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
-        raise gpu_readers.NvmlUnavailable(f"nvidia-ml-py is not installed: {exc}") from exc
+    pynvml = gpu_readers.nvml()
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:

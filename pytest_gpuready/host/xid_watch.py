@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_gpuready.errors import GpuReadyError
+from pytest_gpuready.host.gpus import nvml as load_nvml
 from pytest_gpuready.host.health_readers import XID_SCRIPT, parse_xid_log, xid_codes
 from pytest_gpuready.host.hosts import Host
 from pytest_gpuready.host.xid_catalog import xid_action
@@ -227,9 +228,7 @@ class XidWatcher:
     def _start_nvml(self) -> None:
         nvml = self.nvml
         if nvml is None:
-            import pynvml
-
-            nvml = pynvml
+            nvml = load_nvml()
         events = _NvmlEvents(nvml, self.gpus, self.wait_ms)
         if not events.registered:
             events.close()

@@ -1,7 +1,10 @@
 """The pytest layer, and the pytest11 entry point (``gpuready``): it only names the modules that do the work.
 
+- :mod:`pytest_gpuready.plugin.usage`: a misspelt option or ``-n`` without xdist, in one line;
 - :mod:`pytest_gpuready.plugin.fleet`: per-host parametrization of host-bound tests (the hidden
-  ``_gpuready_host`` fixture), and the xdist hooks of :mod:`~pytest_gpuready.plugin.xdist_groups`;
+  ``_gpuready_host`` fixture);
+- :mod:`pytest_gpuready.plugin.xdist_groups`: the xdist hooks (registered only when xdist is
+  installed), which run each host's tests on one worker;
 - :mod:`pytest_gpuready.plugin.recording`: JUnit properties and report entries of the running
   test, carried on its TestReport (so through xdist);
 - :mod:`pytest_gpuready.plugin.outcomes`: Verdict -> pass / fail / skip / error, and the hooks that
@@ -17,7 +20,8 @@
 - :mod:`pytest_gpuready.plugin.report_collector`: ``--gpuready-report``, ``--gpuready-plot``, the
   terminal summary; it runs where every test report arrives (the xdist controller).
 
-Beside them: ``settings`` (every option once, with its precedence), ``host_session`` (one
+Beside them: ``options`` (every option, declared once), ``markers`` (every marker, declared once as
+a Python signature), ``settings`` (how an option is given and read, with its precedence), ``host_session`` (one
 connection and snapshot cache per host, and the registry of hosts), ``outcomes`` (Verdict ->
 pass / fail / skip / error), ``report`` (the header line), ``summary`` (per-host tables, failed
 invariants), ``report_document`` and ``report.schema.json`` (the JSON report and its schema),
@@ -32,7 +36,9 @@ from __future__ import annotations
 # In import order: a module listed here must not be imported by one listed before it (pytest marks
 # each for assertion rewriting as it imports it, and warns about one already imported).
 pytest_plugins = [
+    "pytest_gpuready.plugin.usage",
     "pytest_gpuready.plugin.fleet",
+    "pytest_gpuready.plugin.xdist_groups",
     "pytest_gpuready.plugin.recording",
     "pytest_gpuready.plugin.outcomes",
     "pytest_gpuready.plugin.host_fixtures",

@@ -23,13 +23,12 @@ from collections.abc import Iterable
 import pytest
 
 from pytest_gpuready.plugin.host_session import HOST_FIXTURE, HostSession, get_host_registry, under_xdist
+from pytest_gpuready.plugin.markers import HOST_BOUND_MARKERS
 
 HOST_BOUND_FIXTURES = frozenset({
     "gpu_host", "gpu_snapshot", "gpus_clean", "shm_clean", "gpu_health", "model_spec", "deployment", "vllm_server",
     "benchmark_serving",
 })
-HOST_BOUND_MARKERS = ("gpus_clean", "shm_clean", "gpu_health", "model", "deployment", "fp8_block_alignment",
-                      "mla_kv_backend_supported", "memory_fit")
 
 _HOST_OF_ITEM_KEY = pytest.StashKey[str | None]()
 
@@ -39,18 +38,6 @@ def is_host_bound(fixturenames: Iterable[str], definition: pytest.Item) -> bool:
     if not HOST_BOUND_FIXTURES.isdisjoint(fixturenames):
         return True
     return any(definition.get_closest_marker(name) is not None for name in HOST_BOUND_MARKERS)
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    from pytest_gpuready.plugin import xdist_groups
-
-    xdist_groups.register(config)
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    from pytest_gpuready.plugin import xdist_groups
-
-    xdist_groups.unregister(config)
 
 
 @pytest.hookimpl(trylast=True)

@@ -14,42 +14,33 @@ from typing import Any
 import pytest
 
 from pytest_gpuready.host.health_checks import check_gpu_health
-from pytest_gpuready.plugin.host_fixtures import GPU_IDS, snapshot_for_gpu_checks
+from pytest_gpuready.plugin.host_fixtures import snapshot_for_gpu_checks
 from pytest_gpuready.plugin.host_session import host_session_of
+from pytest_gpuready.plugin.markers import HEALTH_MARKERS, arguments
+from pytest_gpuready.plugin.options import GPU_IDS
 from pytest_gpuready.plugin.outcomes import checked, expect
 from pytest_gpuready.verdict import Verdict
 
-MARKERS = (
-    "gpu_health(tp=1, pp=1, dp=1, gpus=None): fail in setup unless the GPUs (by index; default --gpu-ids or all) "
-    "are healthy for that layout: driver CUDA vs the build, GPUs alive and visible, /dev/shm size, memory health, "
-    "fabric, MIG / compute mode / persistence, clock slowdown, P2P (docs/checks/gpu_health.md)",
-)
-_ARGS = ("tp", "pp", "dp", "gpus")
-
 
 def pytest_configure(config: pytest.Config) -> None:
-    for line in MARKERS:
-        config.addinivalue_line("markers", line)
+    for declared in HEALTH_MARKERS:
+        config.addinivalue_line("markers", declared.line)
 
 
 def _layout(marker: pytest.Mark | None) -> dict[str, Any]:
     __tracebackhide__ = True
     if marker is None:
         return {}
-    unknown = sorted(set(marker.kwargs) - set(_ARGS))
-    if marker.args or unknown:
-        given = unknown or [repr(a) for a in marker.args]
-        pytest.fail(f"@pytest.mark.gpu_health: unexpected argument {', '.join(given)}; expected keyword "
-                    f"arguments {', '.join(a + '=' for a in _ARGS)}", pytrace=False)
+    kwargs = arguments(marker)
     for name in ("tp", "pp", "dp"):
-        value = marker.kwargs.get(name, 1)
+        value = kwargs.get(name, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             pytest.fail(f"@pytest.mark.gpu_health: {name}={value!r}; expected a whole number >= 1", pytrace=False)
-    gpus = marker.kwargs.get("gpus")
+    gpus = kwargs.get("gpus")
     if gpus is not None and not (isinstance(gpus, (list, tuple)) and all(isinstance(g, int) for g in gpus)):
         pytest.fail(f"@pytest.mark.gpu_health: gpus={gpus!r}; expected a list of GPU indexes like [0, 1]",
                     pytrace=False)
-    return dict(marker.kwargs)
+    return kwargs
 
 
 def gpu_health_verdict(request: pytest.FixtureRequest, tp: int = 1, pp: int = 1, dp: int = 1,

@@ -17,7 +17,6 @@ ini > what the GPU host reports > unknown (newest vLLM rules, and the verdict sa
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +39,8 @@ from pytest_gpuready.model.spec import ModelSpec, inspect_model
 from pytest_gpuready.model.vllm_version import VllmVersion, parse_vllm_version
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_session import HostSession, get_host_session, host_session_of
+from pytest_gpuready.plugin.markers import MODEL_MARKERS, arguments
+from pytest_gpuready.plugin.options import GPU_ARCH, GPUREADY_CONFIG, GPUREADY_MODEL, MODEL_SETTINGS, VLLM_VERSION
 from pytest_gpuready.plugin.outcomes import checked, could_not_measure, expect
 from pytest_gpuready.plugin.recording import add_report_entry
 from pytest_gpuready.verdict import Verdict
@@ -52,68 +53,6 @@ SKIP_NO_MODEL = ("no model: pass --gpuready-model PATH, mark the test with "
                  "@pytest.mark.model(path), or use a deployment")
 
 
-def _expecting(parse: Callable[[str], Any], expected: str) -> Callable[[str], Any]:
-    def parse_or_explain(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError:
-            raise ValueError(expected) from None
-    return parse_or_explain
-
-
-GPUREADY_MODEL = s.Setting(
-    "gpuready_model", "--gpuready-model", "GPUREADY_MODEL", "gpuready_model",
-    "Model directory the model_spec fixture reads (here, or on --gpu-host when it is not here).",
-    s.parse_optional_str, None, metavar="PATH",
-)
-GPUREADY_CONFIG = s.Setting(
-    "gpuready_config", "--gpuready-config", "GPUREADY_CONFIG", "gpuready_config",
-    "Deploy file (YAML) naming deployments: model, GPUs, TP/EP, KV dtype, serve args, expectations.",
-    s.parse_optional_str, None, metavar="FILE",
-)
-VLLM_VERSION: s.Setting[VllmVersion | None] = s.Setting(
-    "vllm_version", "--vllm-version", "GPUREADY_VLLM_VERSION", "vllm_version",
-    "vLLM version whose load rules apply (default: the GPU host's installed vllm, else the newest rules).",
-    _expecting(parse_vllm_version, "expected a vLLM version like 0.17.0 or 0.11.0rc2"), None,
-    metavar="VERSION",
-)
-GPU_ARCH: s.Setting[tuple[int, int] | None] = s.Setting(
-    "gpu_arch", "--gpu-arch", "GPUREADY_GPU_ARCH", "gpu_arch",
-    "GPU architecture for the MLA backend check when no GPU host is reachable: sm90, sm100, sm120 or 12.0.",
-    _expecting(parse_gpu_arch, "expected sm90, sm100, sm120 or a compute capability like 12.0"), None,
-    metavar="SM",
-)
-MODEL_SETTINGS: tuple[s.Setting[Any], ...] = (GPUREADY_MODEL, GPUREADY_CONFIG, VLLM_VERSION, GPU_ARCH)
-
-MARKERS = (
-    "model(path): the model directory model_spec reads for this test (relative to the test file; "
-    "read on --gpu-host when it is not on this machine)",
-    "deployment(name): the deploy-file deployment this test uses (fixture deployment); every vLLM "
-    "load rule for its serve arguments (those of the preflight's test_vllm_load_rules, "
-    "max_model_len included) must pass before the test runs",
-    "fp8_block_alignment(tp, ep=False, vllm_version=None, gpu_arch=None): fail before the test runs unless the "
-    "model's FP8 weight blocks divide evenly at this tensor-parallel size (routed experts whole with "
-    "ep=True); re-gridded MoE blocks (vLLM >= 0.29) also need the GPU's architecture",
-    "mla_kv_backend_supported(kv_cache_dtype='auto', gpu_arch=None, vllm_version=None): fail before the test runs "
-    "unless vLLM has an MLA attention backend for the model on this GPU with this KV-cache dtype",
-    "memory_fit(tp, gpus=None, gpu_memory_utilization=0.9, max_model_len=None, max_num_seqs=None, "
-    "kv_cache_dtype='auto', reserve_gib=None, pipeline_parallel_size=1, ep=False, dtype='auto', "
-    "quantization=None, enforce_eager=False, max_num_batched_tokens=None): fail before the test runs unless the "
-    "weights, vLLM's profile-run memory and one max_model_len request's KV cache fit in "
-    "gpu_memory_utilization of each GPU",
-)
-
-_MARKER_SIGNATURES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    # name: (positional parameters in order, all parameters)
-    "model": (("path",), ("path",)),
-    "deployment": (("name",), ("name",)),
-    "fp8_block_alignment": (("tp", "ep"), ("tp", "ep", "vllm_version", "gpu_arch")),
-    "mla_kv_backend_supported": (("kv_cache_dtype",), ("kv_cache_dtype", "gpu_arch", "vllm_version")),
-    "memory_fit": (("tp",), ("tp", "gpus", "gpu_memory_utilization", "max_model_len", "max_num_seqs",
-                            "kv_cache_dtype", "reserve_gib", "pipeline_parallel_size", "ep", "dtype",
-                            "quantization", "enforce_eager", "max_num_batched_tokens")),
-}
-
 _DEPLOY_KEY = pytest.StashKey[DeployConfig | None]()
 _MODEL_CACHE_KEY = pytest.StashKey[dict[tuple[str, str], ModelSpec | GpuReadyError]]()
 
@@ -123,8 +62,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    for line in MARKERS:
-        config.addinivalue_line("markers", line)
+    for declared in MODEL_MARKERS:
+        config.addinivalue_line("markers", declared.line)
     resolved = s.resolve_all(config, MODEL_SETTINGS)
     config.stash[_MODEL_CACHE_KEY] = {}
     config.stash[_DEPLOY_KEY] = None
@@ -188,21 +127,9 @@ def deploy_config_of(config: pytest.Config) -> DeployConfig | None:
 # ---------------------------------------------------------------- marker arguments
 
 def marker_kwargs(marker: pytest.Mark) -> dict[str, Any]:
-    """A marker's arguments by name, checked against its signature (unknown names fail the test)."""
+    """A marker's arguments by name, checked against its signature in :mod:`~pytest_gpuready.plugin.markers`."""
     __tracebackhide__ = True
-    positional, allowed = _MARKER_SIGNATURES[marker.name]
-    if len(marker.args) > len(positional):
-        pytest.fail(f"@pytest.mark.{marker.name}: too many positional arguments {marker.args!r}; "
-                    f"expected ({', '.join(allowed)})", pytrace=False)
-    kwargs = dict(zip(positional, marker.args, strict=False))
-    for key, value in marker.kwargs.items():
-        if key not in allowed:
-            pytest.fail(f"@pytest.mark.{marker.name}: unexpected argument {key}=; expected "
-                        f"{', '.join(allowed)}", pytrace=False)
-        if key in kwargs:
-            pytest.fail(f"@pytest.mark.{marker.name}: {key} given twice", pytrace=False)
-        kwargs[key] = value
-    return kwargs
+    return arguments(marker)
 
 
 def _bad_marker(marker: str, key: str, value: Any, expected: str) -> None:

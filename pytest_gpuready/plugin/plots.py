@@ -52,6 +52,11 @@ def save_figure(fig: Any, path: Path) -> None:
     write_output(check_output(str(path), what="plot"), buffer.getvalue())
 
 
+def require_matplotlib() -> None:
+    """Raise ImportError unless the ``plot`` extra is installed (asked before any test runs)."""
+    import matplotlib  # noqa: F401
+
+
 def _pyplot() -> Any:
     import matplotlib
 

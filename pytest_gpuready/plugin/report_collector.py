@@ -12,37 +12,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from pytest_gpuready.outputs import Output, OutputRefused, check_output, check_output_folder, write_output, written_to
 from pytest_gpuready.plugin import settings as s
-from pytest_gpuready.plugin.host_fixtures import GPU_MAX_USED_MIB
 from pytest_gpuready.plugin.host_session import HOST_REGISTRY_KEY
+from pytest_gpuready.plugin.options import (
+    GPU_MAX_USED_MIB,
+    GPUREADY_JSON,
+    GPUREADY_PLOT,
+    GPUREADY_REPORT,
+    REPORT_SETTINGS,
+)
 from pytest_gpuready.plugin.outcomes import counts_as_error
+from pytest_gpuready.plugin.plots import NOTHING_TO_PLOT, require_matplotlib, save_plots
 from pytest_gpuready.plugin.recording import PAYLOAD_ATTRIBUTE, host_state
 from pytest_gpuready.plugin.report_document import ReportData, host_entry
 from pytest_gpuready.plugin.summary import MAX_WIDTH, failure_lines, host_tables
-
-GPUREADY_REPORT = s.Setting(
-    "gpuready_report", "--gpuready-report", "GPUREADY_REPORT", "gpuready_report",
-    "Write the JSON report (hosts, snapshots, verdicts with evidence, servers, benchmarks, timings) to "
-    "this file; its JSON Schema ships with the plugin (docs/report.md).",
-    s.parse_optional_str, None, metavar="PATH",
-)
-GPUREADY_JSON = s.Setting(
-    "gpuready_json", "--gpuready-json", "GPUREADY_JSON", "gpuready_json",
-    "Deprecated name of --gpuready-report (the same document).",
-    s.parse_optional_str, None, metavar="PATH",
-)
-GPUREADY_PLOT = s.Setting(
-    "gpuready_plot", "--gpuready-plot", "GPUREADY_PLOT", "gpuready_plot",
-    "Save PNG plots (throughput and TTFT against concurrency, GPU memory per GPU) in this directory; "
-    "needs the plot extra (matplotlib).",
-    s.parse_optional_str, None, metavar="DIR",
-)
-REPORT_SETTINGS: tuple[s.Setting[Any], ...] = (GPUREADY_REPORT, GPUREADY_JSON, GPUREADY_PLOT)
 
 
 def is_worker(config: pytest.Config) -> bool:
@@ -83,21 +70,22 @@ def pytest_configure(config: pytest.Config) -> None:
                                 "report; give --gpuready-report alone")
     if resolved["gpuready_plot"] is not None and not is_worker(config):
         try:
-            import matplotlib  # noqa: F401  # the plot extra, checked before any test runs
+            require_matplotlib()  # the plot extra, checked before any test runs
         except ImportError:
             raise pytest.UsageError(
                 "--gpuready-plot needs matplotlib: pip install 'pytest-gpuready[plot]'") from None
-    if old is not None and new is None and not is_worker(config):
-        config.issue_config_time_warning(
-            DeprecationWarning("--gpuready-json is deprecated: use --gpuready-report PATH (the same document)"),
-            stacklevel=2)
     if is_worker(config):
         return
     report, plots = check_outputs(config)
     registry = config.stash.get(HOST_REGISTRY_KEY, None)
     hosts = {name: {"name": name, "spec": str(session.spec)} for name, session in (registry or {}).items()}
     if config.pluginmanager.get_plugin(_NAME) is None:
-        config.pluginmanager.register(ReportCollector(config, ReportData(hosts=hosts), report, plots), _NAME)
+        collector = ReportCollector(config, ReportData(hosts=hosts), report, plots)
+        if old is not None and new is None:
+            # A line of the summary, not a DeprecationWarning: a project's `filterwarnings = error`
+            # (this repository's own) turns a config-time warning into an INTERNALERROR.
+            collector.notices.append(DEPRECATED_JSON)
+        config.pluginmanager.register(collector, _NAME)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -107,6 +95,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 _NAME = "gpuready-report-collector"
+DEPRECATED_JSON = ("gpuready: DeprecationWarning: --gpuready-json is deprecated: use --gpuready-report PATH "
+                   "(the same document)")
 
 
 class ReportCollector:
@@ -124,6 +114,8 @@ class ReportCollector:
         self.plots = plots
         self.written: list[tuple[str, bool]] = []
         """Lines for the terminal summary: (text, whether it is an error)."""
+        self.notices: list[str] = []
+        """Lines said at the end of the run, before the tables (deprecations)."""
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         message: str | None = None
@@ -156,8 +148,6 @@ class ReportCollector:
             except OutputRefused as exc:
                 self.written.append((f"gpuready: report not written: {exc}", True))
         if self.plots is not None:
-            from pytest_gpuready.plugin.plots import NOTHING_TO_PLOT, save_plots
-
             try:
                 saved_plots = save_plots(document, self.plots)
             except OutputRefused as exc:
@@ -173,6 +163,8 @@ class ReportCollector:
         # the lines fit 100 columns whatever the terminal (CI logs are read in browsers); the
         # separators follow the terminal, up to 100
         rule = min(MAX_WIDTH, config.get_terminal_writer().fullwidth)
+        for notice in self.notices:
+            terminalreporter.write_line(notice, yellow=True)
         hosts = [host_entry(state) for state in self.data.hosts.values()]
         for title, lines in host_tables(hosts, GPU_MAX_USED_MIB.get(config), MAX_WIDTH):
             terminalreporter.write_sep("=", title, fullwidth=rule)

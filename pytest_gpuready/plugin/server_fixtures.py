@@ -8,7 +8,9 @@ that asks for the same spec. Asking for a spec whose GPUs overlap a running serv
 server first (verified clean), since two servers cannot share GPUs. At the end of the session
 every server is stopped and verified; leftovers (processes, GPU memory, /dev/shm files) fail the
 teardown of the last test with the evidence. With ``--vllm-url`` nothing is launched or stopped:
-the factory attaches to the running server (a systemd unit, as in production).
+the factory attaches to the running server (a systemd unit, as in production). The pool itself
+is :mod:`pytest_gpuready.serve.pool`; this module resolves what a test asks for, records the
+figures, and turns what the pool raises into outcomes.
 
 Safety net: Ctrl-C, an internal error or the end of the session stops every server this
 process started (``pytest_keyboard_interrupt`` / ``pytest_internalerror`` /
@@ -21,7 +23,6 @@ Measured figures go to the JUnit XML as properties of the test that measured the
 from __future__ import annotations
 
 import contextlib
-import shlex
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
@@ -32,15 +33,15 @@ import pytest
 
 from pytest_gpuready.errors import ConfigError, GpuReadyError, GpuReadyWarning
 from pytest_gpuready.host.clock_events import ClockEventSampler
-from pytest_gpuready.host.hosts import Host, LocalHost
-from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.host.xid_watch import XidRecord, XidWatcher
 from pytest_gpuready.model.deploy_config import Deployment, Throughput
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_session import HostSession
 from pytest_gpuready.plugin.model_fixtures import SKIP_NO_DEPLOY_FILE, deploy_config_of
+from pytest_gpuready.plugin.options import SERVER_SETTINGS, VLLM_CMD, VLLM_READY_TIMEOUT, VLLM_URL
 from pytest_gpuready.plugin.recording import add_report_entry, record
 from pytest_gpuready.serve.bench import BenchResult, ServerGoneError, XidDuringBenchmarkError, run_benchmark
+from pytest_gpuready.serve.pool import ServerPool
 from pytest_gpuready.serve.server import ServerError, TeardownReport, VLLMServer
 from pytest_gpuready.serve.spec import DEFAULT_COMMAND, ServeSpec, spec_from_deployment
 from pytest_gpuready.serve.thresholds import (
@@ -50,49 +51,6 @@ from pytest_gpuready.serve.thresholds import (
     check_weights_per_gpu,
 )
 from pytest_gpuready.verdict import Verdict
-
-
-def _parse_timeout(text: str) -> float:
-    value = s.parse_positive_float(text)
-    return value
-
-
-def _parse_url(text: str) -> str | None:
-    url = text.strip()
-    if not url:
-        return None
-    if not url.startswith(("http://", "https://")) or len(url.split("://", 1)[1].strip("/")) == 0:
-        raise ValueError("expected the server's base URL like http://10.0.0.7:8000")
-    return url.rstrip("/")
-
-
-def _parse_command(text: str) -> str:
-    try:
-        words = shlex.split(text)
-    except ValueError as exc:
-        raise ValueError(f"expected a command line like 'vllm serve' ({exc})") from None
-    if not words:
-        raise ValueError("expected a command line like 'vllm serve'")
-    return text.strip()
-
-
-VLLM_CMD = s.Setting(
-    "vllm_cmd", "--vllm-cmd", "GPUREADY_VLLM_CMD", "vllm_cmd",
-    "Command that launches vLLM before the model (default 'vllm serve'; model placed after 'serve', "
-    "else as --model, or at {model}), e.g. 'python -m vllm.entrypoints.openai.api_server'.",
-    _parse_command, DEFAULT_COMMAND, metavar="COMMAND",
-)
-VLLM_READY_TIMEOUT = s.Setting(
-    "vllm_ready_timeout", "--vllm-ready-timeout", "GPUREADY_VLLM_READY_TIMEOUT", "vllm_ready_timeout",
-    "Seconds a launched vLLM server may take to become ready (default 1800; a 1T model loads in ~13 min).",
-    _parse_timeout, 1800.0, metavar="SECONDS",
-)
-VLLM_URL = s.Setting(
-    "vllm_url", "--vllm-url", "GPUREADY_VLLM_URL", "vllm_url",
-    "Attach to an already running vLLM server at this URL instead of launching one (never stopped).",
-    _parse_url, None, metavar="URL",
-)
-SERVER_SETTINGS: tuple[s.Setting[Any], ...] = (VLLM_CMD, VLLM_READY_TIMEOUT, VLLM_URL)
 
 POOL_KEY = pytest.StashKey[dict[str, "ServerPool"]]()
 """This session's server pools, one per host (by display name)."""
@@ -165,7 +123,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     url = VLLM_URL.get(config)
     if url is not None:
         return [f"gpuready: attaching to the vLLM server at {url} (--vllm-url; never stopped)"]
-    command = VLLM_CMD.get(config)
+    command = (VLLM_CMD.get(config) or DEFAULT_COMMAND)
     return [f"gpuready: vLLM launch command: {command}"] if command != DEFAULT_COMMAND else []
 
 
@@ -190,174 +148,83 @@ def _terminal_writer(config: pytest.Config) -> Callable[[str], None]:
     return write
 
 
-# ---------------------------------------------------------------- the server pool
+# ---------------------------------------------------------------- the server pool (serve/pool.py)
 
-def _overlaps(a: ServeSpec, b: ServeSpec) -> bool:
-    if a.gpus is None or b.gpus is None:
-        return True
-    return bool(set(a.gpus) & set(b.gpus))
+def new_pool(config: pytest.Config, log_dir: Path, host_session: HostSession) -> ServerPool:
+    """The pool of ``host_session``'s servers, with this session's options, progress and recording."""
+    name = host_session.display_name
 
+    def on_start(server: VLLMServer) -> None:
+        _record_start(config, server, name)
 
-class ServerPool:
-    """The servers of this session, one per distinct spec; stopped and verified at the end."""
-
-    def __init__(self, config: pytest.Config, log_dir: Path, host_session: HostSession | None = None) -> None:
-        self.config = config
-        self.log_dir = log_dir
-        self._host_session = host_session
-        self.servers: dict[ServeSpec, VLLMServer] = {}
-        self.failures: dict[ServeSpec, str] = {}
-        """Specs that failed to start or died: later requests fail at once with the cause, never wait again."""
-
-    @property
-    def host_session(self) -> HostSession | None:
-        return self._host_session
-
-    @property
-    def _host_name(self) -> str | None:
-        return self._host_session.display_name if self._host_session is not None else None
-
-    def host(self) -> Host:
-        session = self.host_session
-        return session.host if session is not None else LocalHost()
-
-    def _snapshot_fn(self) -> Callable[[], HostSnapshot] | None:
-        session = self.host_session
-        if session is None:
-            return None
-        return lambda: session.snapshot(refresh=True)
-
-    def resolve(self, target: ServeSpec | Deployment | str) -> ServeSpec:
-        command = VLLM_CMD.get(self.config)
-        if isinstance(target, ServeSpec):
-            if target.command == DEFAULT_COMMAND and command != DEFAULT_COMMAND:
-                return replace(target, command=command)
-            return target
-        if isinstance(target, Deployment):
-            return spec_from_deployment(target, command=command)
-        if isinstance(target, str):
-            deploy = deploy_config_of(self.config)
-            if deploy is None:
-                pytest.skip(SKIP_NO_DEPLOY_FILE)
-            return spec_from_deployment(deploy.get(target), command=command)
-        raise ConfigError(f"vllm_server: expected a ServeSpec, a Deployment or a deployment name, got {target!r}")
-
-    def get(self, target: ServeSpec | Deployment | str, ready_timeout_s: float | None = None) -> VLLMServer:
-        spec = self.resolve(target)
-        if spec in self.failures:
-            raise ServerError(self.failures[spec])
-        existing = self.servers.get(spec)
-        if existing is not None and existing.running and not existing.is_alive():
-            # The pool keeps a server while it has a pid and was not stopped: check that it still lives.
-            died = existing.died_error("after it was ready", "not handing it out again")
-            self.mark_dead(spec, died.summary)
-            raise died
-        if existing is not None and (existing.is_attached or existing.running):
-            return existing
-        url = VLLM_URL.get(self.config)
-        timeout = ready_timeout_s if ready_timeout_s is not None else VLLM_READY_TIMEOUT.get(self.config)
-        progress = _terminal_writer(self.config)
-        if url is not None:
-            server = VLLMServer.attach(url, spec, self.host(), snapshot=self._snapshot_fn(),
-                                       progress=progress, ready_timeout_s=timeout)
-        else:
-            for other_spec, other in list(self.servers.items()):
-                if other.running and _overlaps(spec, other_spec):
-                    self.stop(other_spec, fail=True)
-            server = VLLMServer(spec, self.host(), ready_timeout_s=timeout, log_dir=self.log_dir,
-                                progress=progress, snapshot=self._snapshot_fn())
-        self.servers[spec] = server
-        try:
-            server.start()
-        except GpuReadyError as exc:
-            first = str(exc).splitlines()[0]
-            self.failures[spec] = f"{first}\n(this server already failed to start earlier in the session)"
-            raise
-        finally:
-            self._invalidate()
-            note_xid_watch(self.config, server.launch_xids)
-        self._record_start(server)
-        return server
-
-    def mark_dead(self, spec: ServeSpec, cause: str) -> None:
-        """Later requests for ``spec`` fail at once with ``cause`` instead of being handed a dead server."""
-        self.failures[spec] = f"{cause}\n(this server died earlier in the session)"
-
-    def _invalidate(self) -> None:
-        session = self.host_session
-        if session is not None:
-            session.invalidate()
-
-    def _record_start(self, server: VLLMServer) -> None:
-        assert server.ready is not None
-        assert server.footprint is not None
-        footprint = server.footprint
-        record(self.config, "server", server.describe())
-        record(self.config, "server_url", server.url)
-        record(self.config, "server_startup_s", round(server.ready.startup_s, 1))
-        record(self.config, "hardware", footprint.hardware)
-        if footprint.log.weights_gib:
-            record(self.config, "weights_gib_per_rank", "/".join(f"{g:g}" for g in footprint.log.weights_gib))
-        if footprint.log.available_kv_cache_gib:
-            record(self.config, "kv_cache_gib", "/".join(f"{g:g}" for g in footprint.log.available_kv_cache_gib))
-        if footprint.log.kv_cache_tokens is not None:
-            record(self.config, "kv_cache_tokens", footprint.log.kv_cache_tokens)
-        if footprint.log.max_concurrency is not None:
-            record(self.config, "max_concurrency", footprint.log.max_concurrency)
-        if footprint.gpu_memory_mib is not None:
-            record(self.config, "gpu_memory_mib",
-                   " ".join(f"{i}:{m}" for i, m in sorted(footprint.gpu_memory_mib.items())))
-        add_report_entry(self.config, "servers", host=self._host_name, entry={
-            "spec": server.spec.to_dict(), "url": server.url, "attached": server.is_attached,
-            "startup_s": server.ready.startup_s, "vllm_version": server.ready.vllm_version,
-            "footprint": footprint.to_dict(),
-            "xids": server.launch_xids.to_dict() if server.launch_xids is not None else None,
-        })
-
-    def stop(self, spec: ServeSpec, *, fail: bool) -> TeardownReport | None:
-        server = self.servers.get(spec)
-        if server is None:
-            return None
-        try:
-            report = server.stop()
-        finally:
-            self._invalidate()
+    def on_stop(server: VLLMServer, report: TeardownReport) -> None:
         if not server.is_attached:
-            record(self.config, "teardown_s", round(report.duration_s, 2))
-            add_report_entry(self.config, "teardowns", {"server": server.describe(), **report.to_dict()},
-                             host=self._host_name)
-        if fail and not report.ok:
-            pytest.fail(report.message, pytrace=False)
-        return report
+            record(config, "teardown_s", round(report.duration_s, 2))
+            add_report_entry(config, "teardowns", {"server": server.describe(), **report.to_dict()}, host=name)
 
-    def emergency_stop(self, reason: str) -> None:
-        """Stop every running server of this pool without verification (interrupts, session end)."""
-        for server in list(self.servers.values()):
-            if server.running:
-                with contextlib.suppress(Exception):
-                    server.stop(verify=False, note=reason)
+    return ServerPool(host_session.host, log_dir, ready_timeout_s=VLLM_READY_TIMEOUT.get(config),
+                      attach_url=VLLM_URL.get(config), snapshot=lambda: host_session.snapshot(refresh=True),
+                      invalidate=host_session.invalidate, progress=_terminal_writer(config),
+                      on_start=on_start, after_launch=lambda server: note_xid_watch(config, server.launch_xids),
+                      on_stop=on_stop)
 
-    def stop_all(self) -> list[TeardownReport]:
-        reports = []
-        for spec in list(self.servers):
-            report = self.stop(spec, fail=False)
-            if report is not None:
-                reports.append(report)
-        return reports
+
+def resolve_spec(config: pytest.Config, target: ServeSpec | Deployment | str) -> ServeSpec:
+    """What a test asked for as a spec: a ServeSpec (with ``--vllm-cmd``), a Deployment, or a deployment's name."""
+    command = VLLM_CMD.get(config) or DEFAULT_COMMAND
+    if isinstance(target, ServeSpec):
+        if target.command == DEFAULT_COMMAND and command != DEFAULT_COMMAND:
+            return replace(target, command=command)
+        return target
+    if isinstance(target, Deployment):
+        return spec_from_deployment(target, command=command)
+    if isinstance(target, str):
+        deploy = deploy_config_of(config)
+        if deploy is None:
+            pytest.skip(SKIP_NO_DEPLOY_FILE)
+        return spec_from_deployment(deploy.get(target), command=command)
+    raise ConfigError(f"vllm_server: expected a ServeSpec, a Deployment or a deployment name, got {target!r}")
+
+
+def _record_start(config: pytest.Config, server: VLLMServer, host_name: str) -> None:
+    assert server.ready is not None
+    assert server.footprint is not None
+    footprint = server.footprint
+    record(config, "server", server.describe())
+    record(config, "server_url", server.url)
+    record(config, "server_startup_s", round(server.ready.startup_s, 1))
+    record(config, "hardware", footprint.hardware)
+    if footprint.log.weights_gib:
+        record(config, "weights_gib_per_rank", "/".join(f"{g:g}" for g in footprint.log.weights_gib))
+    if footprint.log.available_kv_cache_gib:
+        record(config, "kv_cache_gib", "/".join(f"{g:g}" for g in footprint.log.available_kv_cache_gib))
+    if footprint.log.kv_cache_tokens is not None:
+        record(config, "kv_cache_tokens", footprint.log.kv_cache_tokens)
+    if footprint.log.max_concurrency is not None:
+        record(config, "max_concurrency", footprint.log.max_concurrency)
+    if footprint.gpu_memory_mib is not None:
+        record(config, "gpu_memory_mib", " ".join(f"{i}:{m}" for i, m in sorted(footprint.gpu_memory_mib.items())))
+    add_report_entry(config, "servers", host=host_name, entry={
+        "spec": server.spec.to_dict(), "url": server.url, "attached": server.is_attached,
+        "startup_s": server.ready.startup_s, "vllm_version": server.ready.vllm_version,
+        "footprint": footprint.to_dict(),
+        "xids": server.launch_xids.to_dict() if server.launch_xids is not None else None,
+    })
 
 
 class ServerFactory:
     """What the ``vllm_server`` fixture returns: call it with a spec, a Deployment or a deployment name."""
 
-    def __init__(self, pool: ServerPool) -> None:
+    def __init__(self, pool: ServerPool, config: pytest.Config) -> None:
         self._pool = pool
+        self._config = config
 
     def __call__(self, target: ServeSpec | Deployment | str, *, ready_timeout_s: float | None = None) -> VLLMServer:
         """The ready server for ``target``: launched on first use (or attached with --vllm-url), then shared."""
         __tracebackhide__ = True
         failure: str | None = None
         try:
-            return self._pool.get(target, ready_timeout_s)
+            return self._pool.get(resolve_spec(self._config, target), ready_timeout_s)
         except (ServerError, GpuReadyError) as exc:
             failure = str(exc)
         pytest.fail(failure, pytrace=False)
@@ -365,13 +232,16 @@ class ServerFactory:
     def stop(self, target: ServeSpec | Deployment | str | VLLMServer) -> TeardownReport | None:
         """Stop a server now and verify it left nothing (fails the test if it did)."""
         __tracebackhide__ = True
-        spec = target.spec if isinstance(target, VLLMServer) else self._pool.resolve(target)
-        return self._pool.stop(spec, fail=True)
+        spec = target.spec if isinstance(target, VLLMServer) else resolve_spec(self._config, target)
+        report = self._pool.stop(spec)
+        if report is not None and not report.ok:
+            pytest.fail(report.message, pytrace=False)
+        return report
 
     @property
     def attaching(self) -> bool:
         """True with ``--vllm-url``: the factory attaches to a running server and launches nothing."""
-        return VLLM_URL.get(self._pool.config) is not None
+        return self._pool.attach_url is not None
 
     @property
     def servers(self) -> list[VLLMServer]:
@@ -381,7 +251,7 @@ class ServerFactory:
                                max_gib: float | None = None) -> Verdict:
         """Fail unless each rank's weights (vLLM's ``Model loading took X GiB``) lie within [min_gib, max_gib]."""
         __tracebackhide__ = True
-        config = self._pool.config
+        config = self._config
         weights = server.footprint.log.weights_gib if server.footprint is not None else ()
         verdict = check_weights_per_gpu(weights, min_gib, max_gib, _context(server))
         record(config, "check.weights_per_gpu", verdict.summary)
@@ -401,9 +271,9 @@ def vllm_server(pytestconfig: pytest.Config, tmp_path_factory: pytest.TempPathFa
     verified clean, at its end (with several hosts: when the tests move on to the next host);
     ``vllm_server.stop(server)`` stops one earlier. With ``--vllm-url`` it attaches.
     """
-    pool = ServerPool(pytestconfig, tmp_path_factory.mktemp("vllm-logs"), _gpuready_host)
+    pool = new_pool(pytestconfig, tmp_path_factory.mktemp("vllm-logs"), _gpuready_host)
     pytestconfig.stash.setdefault(POOL_KEY, {})[_gpuready_host.display_name] = pool
-    yield ServerFactory(pool)
+    yield ServerFactory(pool, pytestconfig)
     reports = pool.stop_all()
     bad = [r for r in reports if not r.ok]
     if bad:

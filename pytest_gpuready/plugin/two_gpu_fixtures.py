@@ -9,7 +9,6 @@ GPUs). Both take seconds to a minute, so nothing runs unless a test asks.
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,39 +16,12 @@ import pytest
 
 from pytest_gpuready.host.gpu_workers import DEFAULT_SIZE_MB, check_nccl_allreduce, check_p2p_functional
 from pytest_gpuready.plugin import settings as s
-from pytest_gpuready.plugin.host_fixtures import GPU_IDS, snapshot_for_gpu_checks
+from pytest_gpuready.plugin.host_fixtures import snapshot_for_gpu_checks
 from pytest_gpuready.plugin.host_session import host_session_of
+from pytest_gpuready.plugin.markers import TWO_GPU_MARKERS, arguments
+from pytest_gpuready.plugin.options import GPU_IDS, GPU_WORKER_PYTHON, TWO_GPU_SETTINGS
 from pytest_gpuready.plugin.outcomes import checked, expect
 from pytest_gpuready.verdict import Verdict
-
-
-def _parse_python(text: str) -> str:
-    try:
-        words = shlex.split(text)
-    except ValueError as exc:
-        raise ValueError(f"expected a Python command like /opt/vllm/bin/python ({exc})") from None
-    if not words:
-        raise ValueError("expected a Python command like /opt/vllm/bin/python")
-    return text.strip()
-
-
-WORKER_PYTHON = s.Setting(
-    "gpu_worker_python", "--gpu-worker-python", "GPUREADY_GPU_WORKER_PYTHON", "gpu_worker_python",
-    "The Python on the GPU host that has torch, for the gpu_p2p and nccl_allreduce markers (default python3; "
-    "e.g. the vLLM venv's /opt/vllm/bin/python).",
-    _parse_python, "python3", metavar="PYTHON",
-)
-TWO_GPU_SETTINGS: tuple[s.Setting[Any], ...] = (WORKER_PYTHON,)
-
-MARKERS = (
-    "gpu_p2p(tp=2, gpus=None, timeout=60): fail in setup unless a CUDA IPC peer read and write works for every "
-    "pair of the TP group (two processes per pair, hard timeout; docs/checks/two_gpu.md)",
-    "nccl_allreduce(tp=2, gpus=None, size_mb=256, timeout=120, min_busbw_gbps=None): fail in setup unless an NCCL "
-    "all-reduce over the TP group finishes, sums right and reaches the bus bandwidth of its fabric "
-    "(NVLink 150, PCIe 15 GB/s; docs/checks/two_gpu.md)",
-)
-_ARGS = {"gpu_p2p": ("tp", "gpus", "timeout"),
-         "nccl_allreduce": ("tp", "gpus", "size_mb", "timeout", "min_busbw_gbps")}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -58,32 +30,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     s.resolve_all(config, TWO_GPU_SETTINGS)
-    for line in MARKERS:
-        config.addinivalue_line("markers", line)
+    for declared in TWO_GPU_MARKERS:
+        config.addinivalue_line("markers", declared.line)
 
 
 def _arguments(name: str, marker: pytest.Mark | None) -> dict[str, Any]:
     __tracebackhide__ = True
     if marker is None:
         return {}
-    unknown = sorted(set(marker.kwargs) - set(_ARGS[name]))
-    if marker.args or unknown:
-        given = unknown or [repr(a) for a in marker.args]
-        pytest.fail(f"@pytest.mark.{name}: unexpected argument {', '.join(given)}; expected keyword arguments "
-                    f"{', '.join(a + '=' for a in _ARGS[name])}", pytrace=False)
-    tp = marker.kwargs.get("tp", 2)
+    kwargs = arguments(marker)
+    tp = kwargs.get("tp", 2)
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 2:
         pytest.fail(f"@pytest.mark.{name}: tp={tp!r}; expected a whole number >= 2", pytrace=False)
-    gpus = marker.kwargs.get("gpus")
+    gpus = kwargs.get("gpus")
     if gpus is not None and not (isinstance(gpus, (list, tuple)) and len(gpus) >= 2
                                  and all(isinstance(g, int) for g in gpus)):
         pytest.fail(f"@pytest.mark.{name}: gpus={gpus!r}; expected two GPU indexes or more, like [0, 1]",
                     pytrace=False)
     for key in ("timeout", "size_mb", "min_busbw_gbps"):
-        value = marker.kwargs.get(key)
+        value = kwargs.get(key)
         if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0):
             pytest.fail(f"@pytest.mark.{name}: {key}={value!r}; expected a number > 0", pytrace=False)
-    return dict(marker.kwargs)
+    return kwargs
 
 
 def _group(request: pytest.FixtureRequest, tp: int, gpus: Sequence[int] | None) -> tuple[list[int], Any]:
@@ -105,7 +73,7 @@ def gpu_p2p_verdict(request: pytest.FixtureRequest, tp: int = 2, gpus: Sequence[
     __tracebackhide__ = True
     group, _ = _group(request, tp, gpus)
     host = host_session_of(request).host
-    verdict = checked(lambda: check_p2p_functional(host, group, python=WORKER_PYTHON.get(request.config),
+    verdict = checked(lambda: check_p2p_functional(host, group, python=GPU_WORKER_PYTHON.get(request.config),
                                                    timeout_s=float(timeout)))
     return expect(verdict, request.node, "gpu_p2p")
 
@@ -117,7 +85,7 @@ def nccl_allreduce_verdict(request: pytest.FixtureRequest, tp: int = 2, gpus: Se
     group, snap = _group(request, tp, gpus)
     host = host_session_of(request).host
     verdict = checked(lambda: check_nccl_allreduce(
-        host, group, snap.require_topology(), python=WORKER_PYTHON.get(request.config), size_mb=int(size_mb),
+        host, group, snap.require_topology(), python=GPU_WORKER_PYTHON.get(request.config), size_mb=int(size_mb),
         timeout_s=float(timeout), min_busbw_gbps=min_busbw_gbps))
     return expect(verdict, request.node, "nccl_allreduce")
 

@@ -61,16 +61,6 @@ def scheduler_wanted(config: pytest.Config) -> bool:
     return config.getoption("dist", default="no") in TAKEN_OVER
 
 
-def read_groups(directory: str) -> dict[str, str]:
-    """The groups the workers wrote (every worker collects the same tests, so they agree)."""
-    groups: dict[str, str] = {}
-    for path in sorted(Path(directory).glob("*.json")):
-        data = json.loads(path.read_text())
-        if isinstance(data, dict):
-            groups.update({str(k): str(v) for k, v in data.items()})
-    return groups
-
-
 class XdistHooks:
     """The xdist hooks of the plugin, registered by :func:`register` only when xdist is present."""
 
@@ -118,6 +108,14 @@ class XdistHooks:
 
 
 _NAME = "gpuready-xdist"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    register(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    unregister(config)
 
 
 def register(config: pytest.Config) -> None:

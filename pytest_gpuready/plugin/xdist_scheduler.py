@@ -9,13 +9,24 @@ of no group is a unit of its own, so those spread over the workers as with ``--d
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 from pytest_gpuready.plugin.host_session import get_host_registry
-from pytest_gpuready.plugin.xdist_groups import read_groups
+
+
+def read_groups(directory: str) -> dict[str, str]:
+    """The groups the workers wrote (every worker collects the same tests, so they agree)."""
+    groups: dict[str, str] = {}
+    for path in sorted(Path(directory).glob("*.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict):
+            groups.update({str(k): str(v) for k, v in data.items()})
+    return groups
 
 
 class HostGroupScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no type information

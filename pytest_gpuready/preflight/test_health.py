@@ -14,8 +14,8 @@ import pytest
 
 from pytest_gpuready.host.health_checks import run_health_check
 from pytest_gpuready.host.snapshot import HostSnapshot
-from pytest_gpuready.plugin.host_fixtures import GPU_IDS
 from pytest_gpuready.plugin.model_fixtures import deploy_config_of
+from pytest_gpuready.plugin.options import GPU_IDS
 from pytest_gpuready.plugin.outcomes import checked, expect
 
 pytestmark = pytest.mark.gpuready

@@ -6,7 +6,7 @@ import pytest
 
 from pytest_gpuready.host.checks import check_gpus_clean, check_shm_clean, check_topology
 from pytest_gpuready.host.snapshot import HostSnapshot
-from pytest_gpuready.plugin.host_fixtures import GPU_IDS, GPU_MAX_USED_MIB, SHM_LEAK_PATTERNS, SHM_MIN_FREE_MIB
+from pytest_gpuready.plugin.options import GPU_IDS, GPU_MAX_USED_MIB, SHM_LEAK_PATTERNS, SHM_MIN_FREE_MIB
 from pytest_gpuready.plugin.outcomes import checked, expect
 
 pytestmark = pytest.mark.gpuready

@@ -45,12 +45,12 @@ from pytest_gpuready.serve.server_errors import (
     ServerExitedError,
     ServerMismatchError,
     ServerStartTimeout,
-    TeardownError,
     XidDuringLaunchError,
 )
 from pytest_gpuready.serve.shm_ownership import ShmOwnership
 from pytest_gpuready.serve.spec import ServeSpec, build_argv, build_env
 from pytest_gpuready.serve.teardown import (
+    TeardownError,
     TeardownReport,
     session_members,
     stop_session,

@@ -6,12 +6,7 @@ whose body is the tail of the server's log: vLLM explains a failed load only the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pytest_gpuready.errors import GpuReadyError
-
-if TYPE_CHECKING:
-    from pytest_gpuready.serve.teardown import TeardownReport
 
 
 class ServerError(GpuReadyError):
@@ -52,14 +47,6 @@ class XidDuringLaunchError(ServerError):
     """The driver raised an Xid on the server's GPUs while it started: the GPU failed under the launch."""
 
 
-class TeardownError(ServerError):
-    """Teardown left processes, GPU memory or /dev/shm files behind."""
-
-    def __init__(self, report: TeardownReport) -> None:
-        self.report = report
-        super().__init__(report.message)
-
-
 __all__ = [
     "EngineDeadError",
     "ServerDiedError",
@@ -67,6 +54,5 @@ __all__ = [
     "ServerExitedError",
     "ServerMismatchError",
     "ServerStartTimeout",
-    "TeardownError",
     "XidDuringLaunchError",
 ]

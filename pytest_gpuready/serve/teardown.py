@@ -22,6 +22,7 @@ from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.serve import processes
 from pytest_gpuready.serve.footprint import SnapshotFn
 from pytest_gpuready.serve.launch import LaunchedProcess
+from pytest_gpuready.serve.server_errors import ServerError
 from pytest_gpuready.serve.shm_ownership import ShmOwnership
 from pytest_gpuready.verdict import Verdict
 
@@ -84,6 +85,18 @@ class TeardownReport:
             "shm_leftovers": list(self.shm_leftovers), "exit_code": self.exit_code,
             "gpus_clean": None if self.gpu_verdict is None else self.gpu_verdict.ok, "died": self.died,
         }
+
+
+class TeardownError(ServerError):
+    """Teardown left processes, GPU memory or /dev/shm files behind.
+
+    Here beside its report, not in :mod:`~pytest_gpuready.serve.server_errors`: that module is
+    imported by ``launch``, which this one imports, and the two would import each other.
+    """
+
+    def __init__(self, report: TeardownReport) -> None:
+        self.report = report
+        super().__init__(report.message)
 
 
 def poll_until(predicate: Callable[[], bool], timeout_s: float, *, local: bool) -> bool:
@@ -196,6 +209,7 @@ def wait_gpus_clean(snapshot_fn: SnapshotFn, gpus: Sequence[int] | None, max_use
 
 __all__ = [
     "Signalled",
+    "TeardownError",
     "TeardownReport",
     "poll_until",
     "released_by",

@@ -37,9 +37,14 @@ import pytest_gpuready
 from pytest_gpuready.errors import ConfigError
 from pytest_gpuready.files import loads_json, read_text_bounded
 from pytest_gpuready.host.hosts import run_bounded
-from pytest_gpuready.plugin.host_fixtures import GPU_HOST, GPU_IDS, GPU_PROBE_TIMEOUT, GPU_REAP_ORPHANS
-from pytest_gpuready.plugin.model_fixtures import GPUREADY_CONFIG
-from pytest_gpuready.plugin.report_collector import GPUREADY_REPORT
+from pytest_gpuready.plugin.options import (
+    GPU_HOST,
+    GPU_IDS,
+    GPU_PROBE_TIMEOUT,
+    GPU_REAP_ORPHANS,
+    GPUREADY_CONFIG,
+    GPUREADY_REPORT,
+)
 from pytest_gpuready.plugin.summary import first_failure
 from pytest_gpuready.slurm.node import NodeState, Scontrol, SlurmError, one_line_reason
 

@@ -54,3 +54,34 @@ def test_a_dead_server_is_not_handed_out_and_its_teardown_says_it_died(pytester:
     assert "Traceback" not in result.stdout.str()
     (teardown,) = json.loads(report.read_text())["teardowns"]
     assert (teardown["died"], teardown["exit_code"], teardown["stopped"]) == ("killed by SIGKILL", -9, [])
+
+
+OVERLAPPING = """
+from pytest_gpuready import ServeSpec
+
+FIRST = ServeSpec(model="/m", served_model_name="first", gpus=(0, 1))
+SECOND = ServeSpec(model="/m", served_model_name="second", gpus=(1, 2))
+
+def test_first(vllm_server):
+    assert vllm_server(FIRST).is_alive()
+
+def test_second_stops_the_first_it_overlaps(vllm_server):
+    (first,) = vllm_server.servers  # the spec as launched: with --vllm-cmd's command
+    second = vllm_server(SECOND)
+    assert second.is_alive() and not first.running  # stopped by the pool (is_alive: "ended by itself")
+    assert [s.spec.served_model_name for s in vllm_server.servers if s.running] == ["second"]
+"""
+
+
+def test_a_server_on_overlapping_gpus_stops_the_running_one_first(pytester: pytest.Pytester) -> None:
+    """serve/pool.py: two servers never share a GPU; the one in the way is stopped, verified, and recorded."""
+    pytester.makepyfile(test_overlap=OVERLAPPING)
+    report = pytester.path / "report.json"
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vllm-cmd", ROUTES, f"--gpuready-report={report}")
+    result.assert_outcomes(passed=2)
+    document = json.loads(report.read_text())
+    first = next(t for t in document["teardowns"] if t["server"] == "first, TP=1")
+    assert first["test"] == "test_overlap.py::test_second_stops_the_first_it_overlaps"  # stopped then, not at the end
+    assert (first["ok"], first["exit_code"]) == (True, -15)
+    assert all(t["ok"] for t in document["teardowns"])
+    assert [s["spec"]["served_model_name"] for s in document["servers"]] == ["first", "second"]

@@ -30,8 +30,8 @@ def test_markers_are_listed_with_signatures(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--markers")
     result.stdout.fnmatch_lines([
         "@pytest.mark.gpuready: a GPU-readiness preflight check*",
-        "@pytest.mark.gpus_clean(gpus=None, max_used_mib=64): fail before the test runs unless*",
-        "@pytest.mark.shm_clean(min_free_mib=1024): fail before the test runs if /dev/shm holds*",
+        "@pytest.mark.gpus_clean(*, gpus=None, max_used_mib=None): fail before the test runs unless*",
+        "@pytest.mark.shm_clean(*, min_free_mib=None): fail before the test runs if /dev/shm holds*",
     ])
 
 
@@ -148,7 +148,7 @@ def test_bad_ini_value_names_the_ini_key(pytester: pytest.Pytester) -> None:
 def test_precedence_cli_over_env_over_ini(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makeini("[pytest]\ngpu_ids = 0\ngpu_max_used_mib = 7\n")
     pytester.makepyfile("""
-        from pytest_gpuready.plugin.host_fixtures import GPU_IDS, GPU_MAX_USED_MIB
+        from pytest_gpuready.plugin.options import GPU_IDS, GPU_MAX_USED_MIB
 
         def test_resolved(pytestconfig):
             print("ids", GPU_IDS.get(pytestconfig), "max", GPU_MAX_USED_MIB.get(pytestconfig))

@@ -56,15 +56,16 @@ def models(pytester: pytest.Pytester) -> Path:
 
 
 def test_markers_are_listed_with_signatures(pytester: pytest.Pytester) -> None:
+    """``--markers`` shows the Python signatures of plugin/markers.py (keyword-only after ``*``)."""
     result = pytester.runpytest(*PLUGIN, "--markers")
     result.stdout.fnmatch_lines([
         "@pytest.mark.model(path): the model directory model_spec reads*",
         "@pytest.mark.deployment(name): the deploy-file deployment this test uses*",
-        "@pytest.mark.fp8_block_alignment(tp, ep=False, vllm_version=None, gpu_arch=None): fail before the test "
+        "@pytest.mark.fp8_block_alignment(tp, ep=False, *, vllm_version=None, gpu_arch=None): fail before the test "
         "runs unless*",
-        "@pytest.mark.mla_kv_backend_supported(kv_cache_dtype='auto', gpu_arch=None, vllm_version=None): *",
-        "@pytest.mark.memory_fit(tp, gpus=None, gpu_memory_utilization=0.9, max_model_len=None, max_num_seqs=None,"
-        " kv_cache_dtype='auto', reserve_gib=None, *",
+        '@pytest.mark.mla_kv_backend_supported(kv_cache_dtype="auto", *, gpu_arch=None, vllm_version=None): *',
+        "@pytest.mark.memory_fit(tp, *, gpus=None, gpu_memory_utilization=0.9, max_model_len=None, max_num_seqs=None,"
+        ' kv_cache_dtype="auto", reserve_gib=None, *',
     ])
 
 
@@ -339,7 +340,7 @@ def test_malformed_deploy_file_is_one_usage_error_line(pytester: pytest.Pytester
 def test_precedence_cli_over_env_over_ini(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makeini("[pytest]\nvllm_version = 0.15.0\ngpu_arch = sm90\n")
     pytester.makepyfile("""
-        from pytest_gpuready.plugin.model_fixtures import GPU_ARCH, VLLM_VERSION
+        from pytest_gpuready.plugin.options import GPU_ARCH, VLLM_VERSION
 
         def test_resolved(pytestconfig):
             print("RESOLVED", VLLM_VERSION.get(pytestconfig), GPU_ARCH.get(pytestconfig))

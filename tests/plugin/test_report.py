@@ -120,8 +120,22 @@ def test_the_old_option_name_still_writes_the_report_and_says_it_is_deprecated(
     standin("h200-idle")
     path = pytester.path / "figures.json"
     result = pytester.runpytest(*PREFLIGHT, f"--gpuready-json={path}")
-    result.assert_outcomes(passed=2, warnings=1)
-    result.stdout.fnmatch_lines(["*DeprecationWarning: --gpuready-json is deprecated: use --gpuready-report PATH*"])
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["gpuready: DeprecationWarning: --gpuready-json is deprecated: use --gpuready-report "
+                                 "PATH*"])
+    validate(json.loads(path.read_text()))
+
+
+def test_the_deprecation_is_a_line_even_where_warnings_are_errors(pytester: pytest.Pytester, standin: Standin) -> None:
+    """This repository's own ``filterwarnings = error`` once turned the deprecation into an INTERNALERROR."""
+    standin("h200-idle")
+    pytester.makepyprojecttoml('[tool.pytest.ini_options]\nfilterwarnings = ["error"]\n')
+    path = pytester.path / "figures.json"
+    result = pytester.runpytest(*PREFLIGHT, f"--gpuready-json={path}")
+    assert result.ret == 0, result.outlines
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["gpuready: DeprecationWarning: --gpuready-json is deprecated*"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
     validate(json.loads(path.read_text()))
 
 

@@ -54,7 +54,9 @@ def test_entry_point_is_the_plugin_package() -> None:
     import pytest_gpuready.plugin as plugin
 
     assert plugin.pytest_plugins == [
+        "pytest_gpuready.plugin.usage",
         "pytest_gpuready.plugin.fleet",
+        "pytest_gpuready.plugin.xdist_groups",
         "pytest_gpuready.plugin.recording",
         "pytest_gpuready.plugin.outcomes",
         "pytest_gpuready.plugin.host_fixtures",
