@@ -39,19 +39,19 @@ def test_markers_pass_on_a_pcie_box_and_say_the_fabric(
     result.assert_outcomes(passed=2)
 
 
-def test_a_wrong_sum_and_a_broken_pair_fail_in_setup(
+def test_a_wrong_sum_and_a_broken_pair_fail(
     pytester: pytest.Pytester, standin: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     standin("rtx8-clean")
     monkeypatch.setenv("GPUREADY_STANDIN_WORKER", str(WORKERS / "nccl-wrong-sum.txt"))
     pytester.makepyfile(test_two=TESTS.split("@pytest.mark.gpu_p2p")[0])
     result = pytester.runpytest(*ARGS)
-    result.assert_outcomes(errors=1)
+    result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*local: NCCL all-reduce of 256 MB over GPUs 0,1 (PCIe): wrong sum in 50 elements*"])
     monkeypatch.setenv("GPUREADY_STANDIN_WORKER", str(WORKERS / "p2p-corrupt.txt"))
     pytester.makepyfile(test_two="import pytest\n\n@pytest.mark.gpu_p2p(gpus=[0, 1])\ndef test_p2p():\n    pass\n")
     result = pytester.runpytest(*ARGS)
-    result.assert_outcomes(errors=1)
+    result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*local: P2P over CUDA IPC failed for GPUs 0,1*",
                                  "*GPU 0 <-> GPU 1: bytes came back wrong (read True, write False)*"])
 
@@ -77,5 +77,5 @@ def test_gpu_ids_selects_the_free_gpu_while_the_other_is_held(
     free = pytester.runpytest("-p", "no:cacheprovider", "--gpu-ids", "0")
     free.assert_outcomes(passed=1)
     held = pytester.runpytest("-p", "no:cacheprovider", "--gpu-ids", "1")
-    held.assert_outcomes(errors=1)
+    held.assert_outcomes(failed=1)
     held.stdout.fnmatch_lines(["*GPU 1*pid 431*"])
