@@ -6,6 +6,7 @@ the preflight."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -236,8 +237,8 @@ def test_bad_gpu_arch_names_the_option(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit) as exit_info:
         main(["plan", str(MINIMAX), "--gpus", "H200", "--gpu-arch", "hopper"])
     assert exit_info.value.code == 2
-    assert "argument --gpu-arch: 'hopper': expected sm90, sm120 or a compute capability like 8.6" in \
-        capsys.readouterr().err
+    assert ("argument --gpu-arch: 'hopper' is not a GPU architecture; expected sm90, sm100, sm120 or a compute "
+            "capability like 9.0 or 12.0") in capsys.readouterr().err
 
 
 def test_missing_model_dir_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -281,6 +282,16 @@ def test_write_deploy_is_loaded_and_run_by_the_preflight(tmp_path: Path) -> None
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "test_fp8_block_alignment[MiniMax-M2.5-tp4-kvfp8] PASSED" in result.stdout
     assert "test_vllm_load_rules[MiniMax-M2.5-dp2-tp2-kvfp8] PASSED" in result.stdout
+
+
+def test_write_deploy_to_a_directory_is_refused_before_planning(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(MINIMAX), "--gpus", "8xRTX-PRO-6000", "--write-deploy", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # refused before the plan was made
+    assert captured.err == (f"gpuready plan: --write-deploy {tmp_path}: is a directory; expected a file path (a new "
+                            "or regular file), - for standard output, a character device or a FIFO\n")
+    assert os.listdir(tmp_path) == []
 
 
 def test_module_entry_point_runs() -> None:
