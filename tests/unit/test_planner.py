@@ -343,3 +343,51 @@ def test_plan_on_a_probe_without_compute_capability(standin: Callable[[str], Pat
     assert "no layout is known to work; 1 undecided: pass --gpu-arch SM" in out
     assert main(["plan", str(model_dir), "--vllm-version", "0.32.0", "--gpu-arch", "sm90"]) == 0
     assert capsys.readouterr().out.splitlines()[4].split()[1:6] == ["TP=1", "KV", "fp8", "0", "works"]
+
+
+# ---------------------------------------------------------------- NVFP4 KV cache
+
+def test_nvfp4_kv_is_sized_as_vllm_packs_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--kv-cache-dtype nvfp4`` on GQA attention: per head and token, ``head_dim // 2`` bytes of
+    FP4 data and ``head_dim // 16`` FP8 scales (vLLM's ``nvfp4_kv_cache_full_dim``): Llama-3.1-8B
+    (head_dim 128) takes 72 bytes per KV head where bf16 takes 256."""
+    from pytest_gpuready.model.checks import kv_cache_bytes_per_token
+
+    llama = config_model("meta-llama__Llama-3.1-8B")
+    assert kv_cache_bytes_per_token(llama, 8, "nvfp4") == 2 * 32 * 1 * (64 + 8)
+    assert kv_cache_bytes_per_token(llama, 8, "auto") == 2 * 32 * 1 * 128 * 2
+    model_dir = tmp_path / "Llama-3.1-8B"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text((CONFIGS / "meta-llama__Llama-3.1-8B.json").read_text())
+    assert main(["plan", str(model_dir), "--gpus", "8xH100-80GB", "--kv-cache-dtype", "nvfp4"]) == 0
+    out = capsys.readouterr().out
+    assert "Traceback" not in out
+    assert " TP=8 KV nvfp4 " in out
+
+
+def test_an_nvfp4_kv_page_not_modelled_is_an_undecided_memory_verdict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Where vLLM's page layout for the KV dtype is not read (nvfp4 on an MLA latent; the sparse-MLA
+    layout on GQA attention), the memory verdict is undecided and says why: never a traceback."""
+    kimi = config_model("nvidia__Kimi-K2.5-NVFP4")
+    llama = config_model("meta-llama__Llama-3.1-8B")
+    snapshot = preset_snapshot(*parse_gpus("8xB200"))
+    for model, kv, why in ((kimi, "nvfp4", "the KV page of --kv-cache-dtype nvfp4 on an MLA model"),
+                           (llama, "nvfp4_ds_mla", "nvfp4_ds_mla is a DeepSeek sparse-MLA page layout")):
+        rows = plan_layouts(model, snapshot, model_path="m", kv_cache_dtypes=[kv], fold=False)
+        memory = rows[0].memory
+        assert memory.needs is not None
+        assert not memory.ok
+        assert why in memory.summary
+        assert all(r.word("memory") == "?" for r in rows)
+    # DeepSeek's sparse-MLA page with NVFP4: 352 bytes per token per layer (vLLM's mla_attention.py)
+    rows = plan_layouts(config_model("deepseek-ai__DeepSeek-V3.2"), snapshot, model_path="m",
+                        kv_cache_dtypes=["nvfp4_ds_mla"], fold=False)
+    sized = [r for r in rows if r.memory.needs is None]
+    assert sized
+    assert all(r.memory_figure("kv_bytes_per_token") == -(-61 // r.layout.pp) * 352 for r in sized)
+    model_dir = tmp_path / "Kimi"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text((CONFIGS / "nvidia__Kimi-K2.5-NVFP4.json").read_text())
+    assert main(["plan", str(model_dir), "--gpus", "8xB200", "--kv-cache-dtype", "nvfp4"]) in (0, 1)
+    assert "Traceback" not in capsys.readouterr().out
