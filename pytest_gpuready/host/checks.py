@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from itertools import combinations
 
-from pytest_gpuready.host.orphans import find_orphans, kill_hint, orphan_reason, served_by
+from pytest_gpuready.host.orphans import find_orphans, judge, kill_hint, served_by
 from pytest_gpuready.host.shm import LEAK_PATTERNS, creator_pid, matches_leak_pattern, shm_display_name
 from pytest_gpuready.host.snapshot import GpuInfo, GpuProcess, HostSnapshot, ShmEntry
 from pytest_gpuready.verdict import Verdict
@@ -33,15 +33,22 @@ def select_gpus(snapshot: HostSnapshot, gpus: Sequence[int] | None) -> tuple[Gpu
 
 
 def describe_process(process: GpuProcess) -> str:
-    """``pid 431 (python3) 20998 MiB``, noting vLLM engines and pids that are gone."""
+    """``pid 431 (python3) 20998 MiB``, noting vLLM engines, whose they are, and pids that are gone.
+
+    An engine of a live job that is not a vLLM API server reads ``pid 4 (VLLM::EngineCore) of pid 3
+    (python batch_infer.py) 71824 MiB``: who holds the GPU, and that it is not an orphan.
+    """
     notes = [process.name]
     command = f"{process.name} {process.cmdline or ''}"
-    orphaned = orphan_reason(process)
+    judged = judge(process)
     server = served_by(process)
-    if orphaned is not None:
-        notes.append(f"an orphaned vLLM engine: its API server is gone, {orphaned}")
+    owner = ""
+    if judged.reason is not None:
+        notes.append(f"an orphaned vLLM engine: its API server is gone, {judged.reason}")
     elif server is not None:
         notes.append(f"a vLLM engine of the running server pid {server.pid}")
+    elif judged.owner is not None:
+        owner = f" of pid {judged.owner.pid} ({judged.owner.label})"  # a running job: LLM(...) in a script
     elif "VLLM::EngineCore" in command or "VLLM::Worker" in command:
         notes.append("a vLLM engine process")
     elif "vllm" in command.lower():
@@ -49,7 +56,7 @@ def describe_process(process: GpuProcess) -> str:
     if process.alive is False:
         notes.append("pid not running here: exited with its memory still held, or in another PID namespace")
     memory = f" {process.used_memory_mib} MiB" if process.used_memory_mib is not None else " (memory not reported)"
-    return f"pid {process.pid} ({', '.join(notes)}){memory}"
+    return f"pid {process.pid} ({', '.join(notes)}){owner}{memory}"
 
 
 def check_gpus_clean(
@@ -66,7 +73,7 @@ def check_gpus_clean(
             "used_mib": gpu.memory_used_mib,
             "total_mib": gpu.memory_total_mib,
             "processes": [{"pid": p.pid, "name": p.name, "used_mib": p.used_memory_mib, "alive": p.alive,
-                           "ppid": p.ppid, "session_id": p.session_id, "orphaned": orphan_reason(p)}
+                           "ppid": p.ppid, "session_id": p.session_id, "orphaned": judge(p).reason}
                           for p in processes],
         }
         if not processes and gpu.memory_used_mib <= max_used_mib:

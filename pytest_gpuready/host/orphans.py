@@ -3,20 +3,25 @@
 SIGKILL of vLLM's API server leaves its ``VLLM::EngineCore`` (and, with TP > 1, its
 ``VLLM::Worker*`` processes) alive, re-parented to pid 1, holding the GPU: 71,824 MiB of an
 H200 in the capture ``tests/data/nvidia-smi/h200x1-orphan-enginecore.txt``. An engine is
-*orphaned* when, walking up from it through other engine processes, the first process that is
-not an engine is not a vLLM API server, or there is none (parent pid 1, or a subreaper such as
-``systemd --user``). An engine whose API server is alive is a running server, not an orphan.
+*orphaned* only when the process that started it is gone: walking up from it through other
+engine processes, the first process that is not an engine is pid 1 or a subreaper (``systemd
+--user``, a container's init) that did not start it (:func:`judge`). A live parent of any kind is
+a running job, never an orphan: a vLLM API server, and just as much a ``python batch_infer.py``
+using vLLM's offline ``LLM(...)``, whose engine is its own child.
 
-The lineage (pid, parent, session, start time, name, command line of the GPU process and its
-ancestors) is read in the probe's own round trip (:func:`lineage_script`), so the judgement is
-about the processes nvidia-smi named, locally and over ssh. :func:`reap_orphans` (the
+The lineage (pid, parent, session, start time, name, command line of the GPU process, its
+ancestors and pid 1) is read in the probe's own round trip (:func:`lineage_script`), so the
+judgement is about the processes nvidia-smi named, locally and over ssh. :func:`reap_orphans` (the
 ``--gpu-reap-orphans`` option) stops orphans that hold GPU memory: SIGTERM, then SIGKILL, and
-before each signal the host re-checks that the pid is the same process (start time), still a
-vLLM engine, and still orphaned, in the same ``sh`` run as the signal. Nothing else is signalled.
+before each signal the host re-checks, by the same rule, that the pid is the same process (start
+time), still a vLLM engine, and still orphaned, in the same ``sh`` run as the signal. Nothing else
+is signalled.
 """
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
 import shlex
 from collections.abc import Iterable, Sequence
@@ -26,7 +31,8 @@ from pytest_gpuready.host.hosts import Host
 from pytest_gpuready.host.snapshot import GpuProcess, HostSnapshot, ProcessInfo
 
 LINEAGE_DEPTH = 4
-"""The process and three ancestors: API server -> EngineCore -> Worker is the deepest vLLM tree."""
+"""The process and three ancestors: API server -> EngineCore -> Worker is the deepest vLLM tree, and
+an orphaned Worker's chain (Worker -> EngineCore -> pid 1 or a subreaper) fits with its reaper."""
 
 _ENGINE = re.compile(r"^VLLM::(EngineCor|Worker)")
 """vLLM names its engine processes with setproctitle; the kernel's comm keeps 15 bytes
@@ -42,8 +48,15 @@ def _is_engine(info: ProcessInfo) -> bool:
 
 
 def _is_api_server(info: ProcessInfo) -> bool:
-    """A process that is not an engine and whose command line names vLLM (``vllm serve``, the api_server module)."""
-    return not _is_engine(info) and "vllm" in f"{info.comm} {info.cmdline}".lower()
+    """A process running vLLM's server: ``vllm serve`` (kernel name ``vllm``) or an ``vllm.entrypoints`` module.
+
+    Only for naming an engine's owner; whether an engine is orphaned never depends on it.
+    """
+    if _is_engine(info):
+        return False
+    words = info.cmdline.split()
+    serve = any(os.path.basename(word) == "vllm" and rest == "serve" for word, rest in itertools.pairwise(words))
+    return info.comm.strip() == "vllm" or serve or any(word.startswith("vllm.entrypoints") for word in words)
 
 
 # ---------------------------------------------------------------- reading the lineage
@@ -60,7 +73,7 @@ def lineage_script(pid_source: str) -> str:
         "s=$(tr '\\n\\t' '  ' < /proc/$q/stat 2>/dev/null) || break; [ -n \"$s\" ] || break; "
         "c=$(tr '\\000\\n\\t' '   ' < /proc/$q/cmdline 2>/dev/null); "
         "printf '%s\\t%s\\t%s\\t%s\\n' \"$p\" \"$q\" \"$s\" \"$c\"; "
-        "r=${s##*) }; set -- $r; q=$2; case $q in ''|*[!0-9]*|0|1) break;; esac; n=$((n+1)); "
+        "r=${s##*) }; set -- $r; q=$2; case $q in ''|*[!0-9]*|0) break;; esac; n=$((n+1)); "
         "done; done; true"
     )
 
@@ -110,59 +123,97 @@ def read_lineage_locally(pids: Iterable[int], proc: str = "/proc") -> str:
             clean = stat.replace("\n", " ").replace("\t", " ")
             lines.append(f"{pid}\t{current}\t{clean}\t{cmdline.replace(chr(0), ' ').replace(chr(10), ' ')}")
             info = parse_stat(clean)
-            if info is None or info.ppid <= 1:
-                break
+            if info is None or info.ppid <= 0:
+                break  # pid 1 is read too: whether it is an init or the engine's owner is part of the proof
             current = info.ppid
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- judging
 
-def orphan_reason(process: GpuProcess) -> str | None:
-    """Why ``process`` is an orphaned vLLM engine (``parent pid 1``), or None when it is not one or
-    when that cannot be proved (no lineage read, an ancestor not read)."""
+REAPER_NAMES = frozenset({
+    "systemd", "init", "tini", "docker-init", "dumb-init", "catatonit", "s6-svscan", "runit",
+    "containerd-shim", "conmon",
+})
+"""Kernel names (``/proc/PID/comm``, 15 bytes) of inits and subreapers: programs that adopt other
+processes' orphans and never start a vLLM engine themselves (vLLM's engines are started by a Python
+process through multiprocessing). ``systemd`` is pid 1 and ``systemd --user``; ``tini`` /
+``docker-init`` / ``dumb-init`` / ``catatonit`` a container's init; ``containerd-shim`` and
+``conmon`` the subreapers above a container."""
+
+
+def _reaper_by_name(info: ProcessInfo) -> bool:
+    return info.comm.strip() in REAPER_NAMES
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What the lineage proves about one GPU process: orphaned (and why), or held by a live owner."""
+
+    reason: str | None = None
+    """Why it is an orphaned vLLM engine (``parent pid 1``); None when it is not, or not provably."""
+    owner: ProcessInfo | None = None
+    """The live process that started the engine (the first ancestor that is not an engine), when
+    the engine is not orphaned: a vLLM API server, or a script using ``LLM(...)``."""
+
+
+def judge(process: GpuProcess) -> Judgement:
+    """Whether ``process`` is an orphaned vLLM engine, or whose it is.
+
+    Going up from the engine through other engine processes (EngineCore above its Workers), the
+    first process that is not an engine is its owner. The engine is orphaned only when that
+    process is a reaper that did not start it: pid 1 or a subreaper named in :data:`REAPER_NAMES`
+    (they never start engines), or pid 1 of another name (a container's entry point, this host's
+    init) outside the engine's session (an engine stays in the session of the process that
+    started it: a ``python batch_infer.py`` that is pid 1 of its container shares its session
+    with its engine, so it is an owner, not a reaper). A live parent of any other kind is a running
+    job. What cannot be read or proved (no lineage, an ancestor not read, a parent in another PID
+    namespace, a parent younger than its child) is neither orphaned nor owned.
+    """
     me = process.info
     if process.alive is False or me is None:
-        return None
+        return Judgement()
     if not (_is_engine(me) or is_vllm_engine_name(process.name)):
-        return None
+        return Judgement()
     by_pid = {info.pid: info for info in process.lineage}
     current = me
     through: list[str] = []
     for _ in range(len(process.lineage) + 1):
-        if current.ppid in (0, 1):
-            if not through:
-                return "parent pid 1"
-            return f"parent {' -> '.join(through)}, whose parent is pid 1"
+        if current.ppid <= 0:
+            return Judgement()  # pid 1 itself, or a parent outside this PID namespace: cannot tell
         parent = by_pid.get(current.ppid)
         if parent is None or parent.start_ticks > current.start_ticks:
-            return None  # not read (deeper than the lineage), or not provably the parent
+            return Judgement()  # not read (deeper than the lineage), or not provably the parent
         if _is_engine(parent):
             through.append(f"pid {parent.pid} ({parent.comm})")
             current = parent
             continue
-        if _is_api_server(parent):
-            return None
-        where = f"parent {' -> '.join(through)}, whose parent" if through else "parent"
-        return f"{where} pid {parent.pid} ({parent.label}) is not a vLLM API server"
-    return None
+        known = _reaper_by_name(parent)
+        if parent.pid != 1 and not known:
+            return Judgement(owner=parent)
+        if not known and parent.session_id == current.session_id:
+            return Judgement(owner=parent)  # pid 1 in the engine's own session: it may have started it
+        what = "pid 1" if parent.pid == 1 else f"the subreaper pid {parent.pid} ({parent.label})"
+        if not through:
+            return Judgement(reason=f"parent {what}")
+        return Judgement(reason=f"parent {' -> '.join(through)}, whose parent is {what}")
+    return Judgement()
+
+
+def orphan_reason(process: GpuProcess) -> str | None:
+    """Why ``process`` is an orphaned vLLM engine (``parent pid 1``), or None (see :func:`judge`)."""
+    return judge(process).reason
+
+
+def owner_of(process: GpuProcess) -> ProcessInfo | None:
+    """The live process that started the engine ``process`` (see :func:`judge`), or None."""
+    return judge(process).owner
 
 
 def served_by(process: GpuProcess) -> ProcessInfo | None:
     """The live vLLM API server above an engine process, when the lineage shows one."""
-    me = process.info
-    if me is None or not (_is_engine(me) or is_vllm_engine_name(process.name)):
-        return None
-    by_pid = {info.pid: info for info in process.lineage}
-    current = me
-    while True:
-        parent = by_pid.get(current.ppid)
-        if parent is None:
-            return None
-        if _is_engine(parent):
-            current = parent
-            continue
-        return parent if _is_api_server(parent) else None
+    owner = owner_of(process)
+    return owner if owner is not None and _is_api_server(owner) else None
 
 
 @dataclass(frozen=True)
@@ -199,6 +250,40 @@ def find_orphans(snapshot: HostSnapshot) -> list[Orphan]:
     return list(orphans.values())
 
 
+@dataclass(frozen=True)
+class RunningEngine:
+    """A GPU-holding vLLM engine whose owner is alive (a server, or a job using ``LLM(...)``): never signalled."""
+
+    process: GpuProcess
+    owner: ProcessInfo
+
+    def describe(self) -> str:
+        """``pid 4 (VLLM::EngineCore) of pid 3 (python batch_infer.py) 71824 MiB on GPU 0``."""
+        memory = f" {self.process.used_memory_mib} MiB" if self.process.used_memory_mib is not None else ""
+        gpu = f" on GPU {self.process.gpu_index}" if self.process.gpu_index is not None else ""
+        return f"pid {self.process.pid} ({self.process.name}) of pid {self.owner.pid} ({self.owner.label}){memory}{gpu}"
+
+
+def find_running_engines(snapshot: HostSnapshot) -> list[RunningEngine]:
+    """The vLLM engines holding GPU memory in ``snapshot`` whose owner is alive, one per pid."""
+    found: dict[int, RunningEngine] = {}
+    for process in snapshot.processes:
+        if not process.used_memory_mib or process.pid in found:
+            continue
+        owner = owner_of(process)
+        if owner is not None:
+            found[process.pid] = RunningEngine(process, owner)
+    return list(found.values())
+
+
+def spared_line(host: str, engines: Sequence[RunningEngine]) -> str | None:
+    """What ``--gpu-reap-orphans`` says of the engines it leaves alone because a live job holds them."""
+    if not engines:
+        return None
+    return (f"not stopped on {host}, vLLM engines of a running job (their owner is alive): "
+            + ", ".join(e.describe() for e in engines))
+
+
 # ---------------------------------------------------------------- reaping
 
 _REAP_FUNCTIONS = r"""
@@ -207,13 +292,17 @@ orphaned() {
   q=$1; n=0
   while [ $n -lt 8 ]; do
     s=$(tr '\n\t' '  ' < /proc/$q/stat 2>/dev/null) || return 1
-    r=${s##*) }; set -- $r; pp=$2
-    case $pp in 0|1) return 0;; esac
+    r=${s##*) }; set -- $r; pp=$2; qsid=$4; qst=${20}
+    case $pp in ''|*[!0-9]*|0) return 1;; esac
+    ps=$(tr '\n\t' '  ' < /proc/$pp/stat 2>/dev/null) || return 1
+    r=${ps##*) }; set -- $r; psid=$4; pst=${20}
+    [ "$pst" -le "$qst" ] || return 1
     pm=$(cat /proc/$pp/comm 2>/dev/null) || return 1
     pc=$(tr '\000\n\t' '   ' < /proc/$pp/cmdline 2>/dev/null)
     if engine_name "$pm" || engine_name "$pc"; then q=$pp; n=$((n+1)); continue; fi
-    case "$pm $pc" in *[vV][lL][lL][mM]*) return 1;; esac
-    return 0
+    reaper_name "$pm" && return 0
+    [ "$pp" = 1 ] && [ "$psid" != "$qsid" ] && return 0
+    return 1
   done
   return 1
 }
@@ -247,6 +336,12 @@ wait_gone() {
 """
 
 
+def _reaper_name_function() -> str:
+    """The shell twin of :func:`_reaper_by_name`, from the same :data:`REAPER_NAMES`."""
+    names = "|".join(sorted(REAPER_NAMES))
+    return f"reaper_name() {{ case $1 in {names}) return 0;; esac; return 1; }}\n"
+
+
 def reap_script(targets: Sequence[tuple[int, int]], grace_s: float, kill_wait_s: float) -> str:
     """SIGTERM, a grace, SIGKILL for each ``(pid, start_ticks)``, each signal preceded by the re-check.
 
@@ -257,7 +352,8 @@ def reap_script(targets: Sequence[tuple[int, int]], grace_s: float, kill_wait_s:
     grace_steps = max(1, round(grace_s * 10))
     kill_steps = max(1, round(kill_wait_s * 10))
     return (
-        _REAP_FUNCTIONS
+        _reaper_name_function()
+        + _REAP_FUNCTIONS
         + f"targets={shlex.quote(pairs)}\n"
         + 'sent=""; for t in $targets; do send TERM "${t%:*}" "${t#*:}"; done\n'
         + 'termed=$sent\n'
@@ -338,13 +434,19 @@ def kill_hint(orphans: Sequence[Orphan]) -> str:
 
 __all__ = [
     "LINEAGE_DEPTH",
+    "REAPER_NAMES",
+    "Judgement",
     "Orphan",
     "ReapReport",
+    "RunningEngine",
     "find_orphans",
+    "find_running_engines",
     "is_vllm_engine_name",
+    "judge",
     "kill_hint",
     "lineage_script",
     "orphan_reason",
+    "owner_of",
     "parse_lineage",
     "parse_reap_output",
     "parse_stat",
@@ -352,4 +454,5 @@ __all__ = [
     "reap_orphans",
     "reap_script",
     "served_by",
+    "spared_line",
 ]

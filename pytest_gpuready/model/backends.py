@@ -291,22 +291,40 @@ def select_mla_backend(*, capability: tuple[int, int], kv_cache_dtype: str, spar
     return BackendChoice(tuple(tried), reasons, None)
 
 
-_ARCH_RE = re.compile(r"^(?:sm_?)?(\d+)([a-z]?)$", re.IGNORECASE)
-_DOTTED_RE = re.compile(r"^(\d+)\.(\d+)$")
+_ARCH_RE = re.compile(r"^(?:sm_?)?(\d+)([af]?)$", re.IGNORECASE)
+"""``sm90``, ``sm_90a`` (architecture-specific), ``sm_100f`` (family-specific): nvcc's spellings."""
+_DOTTED_RE = re.compile(r"^(\d{1,2})\.(\d)$")
+
+GPU_CAPABILITIES: tuple[tuple[int, int], ...] = (
+    (5, 0), (5, 2), (5, 3), (6, 0), (6, 1), (6, 2), (7, 0), (7, 2), (7, 5), (8, 0), (8, 6), (8, 7), (8, 9),
+    (9, 0), (10, 0), (10, 1), (10, 3), (11, 0), (12, 0), (12, 1),
+)
+"""Every compute capability an NVIDIA GPU has (CUDA's list, Maxwell to Blackwell; 10.1 is Thor's
+name before CUDA 13 called it 11.0). A ``--gpu-arch`` outside it names no GPU: ``sm1000`` would
+read as capability 100.0, ``sm99999999999999999999999`` as a 23-digit major."""
 
 
 def parse_gpu_arch(text: str) -> tuple[int, int]:
-    """``sm90``, ``SM120``, ``sm_100a``, ``9.0`` or ``12.0`` -> ``(major, minor)``; ValueError otherwise."""
+    """``sm90``, ``SM120``, ``sm_100a``, ``9.0`` or ``12.0`` -> ``(major, minor)``; ValueError for
+    anything else, and for a well-formed name no GPU has (:data:`GPU_CAPABILITIES`)."""
     value = str(text).strip()
     dotted = _DOTTED_RE.match(value)
+    capability: tuple[int, int] | None = None
     if dotted:
-        return int(dotted.group(1)), int(dotted.group(2))
-    match = _ARCH_RE.match(value)
-    if match and value.lower().startswith("sm") and len(match.group(1)) >= 2:
-        digits = match.group(1)
-        return int(digits[:-1]), int(digits[-1])
-    raise ValueError(f"{text!r} is not a GPU architecture; expected sm90, sm100, sm120 or a compute "
-                     "capability like 9.0 or 12.0")
+        capability = int(dotted.group(1)), int(dotted.group(2))
+    else:
+        match = _ARCH_RE.match(value)
+        if match and value.lower().startswith("sm") and 2 <= len(match.group(1)) <= 4:
+            digits = match.group(1)
+            capability = int(digits[:-1]), int(digits[-1])
+    if capability is None:
+        raise ValueError(f"{text!r} is not a GPU architecture; expected sm90, sm100, sm120 or a compute "
+                         "capability like 9.0 or 12.0")
+    if capability not in GPU_CAPABILITIES:
+        known = ", ".join(f"sm{major}{minor}" for major, minor in GPU_CAPABILITIES if major >= 7)
+        raise ValueError(f"{text!r} is not a GPU architecture: no NVIDIA GPU has compute capability "
+                         f"{capability[0]}.{capability[1]}; expected one of {known}")
+    return capability
 
 
 def format_arch(capability: tuple[int, int]) -> str:

@@ -304,8 +304,8 @@ class _Ctx:
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             misplaced = field_for_key(text)
             if misplaced is not None:
-                where_it_goes = "serve." if ARGS[misplaced].section == SERVE else "the top-level key "
-                hint = f" (did you mean {where_it_goes}'{misplaced}'?)"
+                hint = (f" (did you mean 'serve.{misplaced}'?)" if ARGS[misplaced].section == SERVE
+                        else f" (did you mean the top-level key '{misplaced}'?)")
             where = f"{self.file}: deployment {excerpt(self.deployment)}: " if self.deployment else f"{self.file}: "
             shown = text if len(text) <= 80 else text[:60] + "..."
             shown = shown if shown.isprintable() else ascii(shown)[1:-1]

@@ -90,43 +90,77 @@ def _int(config: Mapping[str, Any], key: str, default: int = 0) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def architecture_tensors(spec: Any) -> Iterator[DerivedTensor]:
-    """Every weight tensor of the text model, named as the checkpoints name them.
+@dataclass(frozen=True)
+class LayerClass:
+    """A run of decoder layers that imply the same tensors (only their names' layer number differs)."""
 
-    ``spec`` is a :class:`~pytest_gpuready.model.spec.ModelSpec` (typed loosely to keep this
-    module free of an import cycle with spec.py).
+    first: int
+    count: int
+    moe: bool
+    unused: bool
+
+
+def layer_classes(spec: Any) -> tuple[LayerClass, ...]:
+    """The model's layers as at most three runs: dense, MoE, and the unused MTP / next-n layers.
+
+    The derivation is a sum over these runs, a representative layer times its count, so its cost
+    does not grow with ``num_hidden_layers`` (:func:`derive_weights`).
     """
-    config: Mapping[str, Any] = spec.config.get("text_config") or spec.config
-    hidden = spec.hidden_size
-    vocab = spec.vocab_size
-    heads = spec.num_attention_heads
+    dense = spec.dense_layer_count if spec.is_moe else spec.num_layers
+    runs = [LayerClass(0, dense, False, False)]
+    if spec.is_moe:
+        runs.append(LayerClass(dense, spec.num_layers - dense, True, False))
+    runs.append(LayerClass(spec.num_layers, spec.num_nextn_predict_layers, spec.is_moe, True))
+    return tuple(run for run in runs if run.count > 0)
+
+
+def model_tensors(spec: Any) -> Iterator[DerivedTensor]:
+    """The tensors outside the decoder layers: embedding, LM head, final norm."""
+    hidden, vocab = spec.hidden_size, spec.vocab_size
     yield DerivedTensor("model.embed_tokens", vocab, hidden, linear=False)
     if not spec.tie_word_embeddings:
         yield DerivedTensor("lm_head", vocab, hidden, linear=False)
     yield DerivedTensor("model.norm", hidden, 1, linear=False, replicated=True)
-    total_layers = spec.num_layers + spec.num_nextn_predict_layers
+
+
+def layer_tensors(spec: Any, layer: int, moe_layer: bool, unused: bool) -> Iterator[DerivedTensor]:
+    """The tensors of decoder layer ``layer``, named as the checkpoints name them."""
+    config: Mapping[str, Any] = spec.config.get("text_config") or spec.config
+    hidden = spec.hidden_size
+    vocab = spec.vocab_size
+    heads = spec.num_attention_heads
     attention_bias = bool(config.get("attention_bias")) or spec.text_model_type in ("qwen2", "qwen2_moe")
-    for layer in range(total_layers):
-        unused = layer >= spec.num_layers
-        prefix = f"model.layers.{layer}."
-        yield from (_with_unused(t, unused) for t in _attention(spec, config, prefix, hidden, heads, attention_bias))
-        yield DerivedTensor(prefix + "input_layernorm", hidden, 1, linear=False, replicated=True, unused=unused)
-        yield DerivedTensor(prefix + "post_attention_layernorm", hidden, 1, linear=False, replicated=True,
-                            unused=unused)
-        moe_layer = spec.is_moe and (layer >= spec.dense_layer_count or unused)
-        if moe_layer:
-            yield from (_with_unused(t, unused) for t in _moe(spec, config, prefix, hidden))
-        elif spec.intermediate_size:
-            width = spec.intermediate_size
-            yield DerivedTensor(prefix + "mlp.gate_up_proj", 2 * width, hidden, unused=unused)
-            yield DerivedTensor(prefix + "mlp.down_proj", hidden, width, unused=unused)
-        if unused and spec.is_mla:
-            # DeepSeek's MTP module: enorm, hnorm, eh_proj, its own embedding and head copies.
-            yield DerivedTensor(prefix + "eh_proj", hidden, 2 * hidden, unused=True, linear=False)
-            yield DerivedTensor(prefix + "enorm", 2 * hidden, 1, linear=False, unused=True)
-            yield DerivedTensor(prefix + "embed_tokens", vocab, hidden, linear=False, unused=True)
-            yield DerivedTensor(prefix + "shared_head.head", vocab, hidden, linear=False, unused=True)
-            yield DerivedTensor(prefix + "shared_head.norm", hidden, 1, linear=False, unused=True)
+    prefix = f"model.layers.{layer}."
+    yield from (_with_unused(t, unused) for t in _attention(spec, config, prefix, hidden, heads, attention_bias))
+    yield DerivedTensor(prefix + "input_layernorm", hidden, 1, linear=False, replicated=True, unused=unused)
+    yield DerivedTensor(prefix + "post_attention_layernorm", hidden, 1, linear=False, replicated=True,
+                        unused=unused)
+    if moe_layer:
+        yield from (_with_unused(t, unused) for t in _moe(spec, config, prefix, hidden))
+    elif spec.intermediate_size:
+        width = spec.intermediate_size
+        yield DerivedTensor(prefix + "mlp.gate_up_proj", 2 * width, hidden, unused=unused)
+        yield DerivedTensor(prefix + "mlp.down_proj", hidden, width, unused=unused)
+    if unused and spec.is_mla:
+        # DeepSeek's MTP module: enorm, hnorm, eh_proj, its own embedding and head copies.
+        yield DerivedTensor(prefix + "eh_proj", hidden, 2 * hidden, unused=True, linear=False)
+        yield DerivedTensor(prefix + "enorm", 2 * hidden, 1, linear=False, unused=True)
+        yield DerivedTensor(prefix + "embed_tokens", vocab, hidden, linear=False, unused=True)
+        yield DerivedTensor(prefix + "shared_head.head", vocab, hidden, linear=False, unused=True)
+        yield DerivedTensor(prefix + "shared_head.norm", hidden, 1, linear=False, unused=True)
+
+
+def architecture_tensors(spec: Any) -> Iterator[DerivedTensor]:
+    """Every weight tensor of the text model, layer by layer (for inspection and tests; the sizes
+    come from :func:`derive_weights`, whose cost does not depend on the layer count).
+
+    ``spec`` is a :class:`~pytest_gpuready.model.spec.ModelSpec` (typed loosely to keep this
+    module free of an import cycle with spec.py).
+    """
+    yield from model_tensors(spec)
+    for run in layer_classes(spec):
+        for layer in range(run.first, run.first + run.count):
+            yield from layer_tensors(spec, layer, run.moe, run.unused)
 
 
 def _with_unused(tensor: DerivedTensor, unused: bool) -> DerivedTensor:
@@ -271,23 +305,58 @@ def _excluded(patterns: tuple[str, ...], name: str) -> bool:
     return False
 
 
+def _layer_independent(patterns: tuple[str, ...]) -> bool:
+    """Whether ``patterns`` exclude the same tensors of every layer: plain module names without a
+    digit (``lm_head``, ``mlp.gate``, ``self_attn``) can only match a layer's tensor by a part of its
+    name that is the same in every layer; a glob, a regex or a name with a layer number may not."""
+    return all(not p.startswith("re:") and not any(ch in p for ch in "*?[") and not any(ch.isdigit() for ch in p)
+               for p in patterns)
+
+
+@dataclass
+class _Sums:
+    total: int = 0
+    replicated: int = 0
+    unused: int = 0
+    params: int = 0
+    experts: int = 0
+
+    def add(self, tensor: DerivedTensor, size: int, times: int = 1) -> None:
+        self.total += size * times
+        self.params += tensor.numel * times
+        if tensor.unused:
+            self.unused += size * times
+        elif tensor.replicated:
+            self.replicated += size * times
+        elif ".mlp.experts." in tensor.name:
+            self.experts += size * times
+
+
 def derive_weights(spec: Any) -> DerivedWeights:
-    """Size the checkpoint from ``spec``'s architecture and quantization (see the module doc)."""
+    """Size the checkpoint from ``spec``'s architecture and quantization (see the module doc).
+
+    In closed form: each run of like layers (:func:`layer_classes`) is one representative layer
+    times its count, so a config's ``num_hidden_layers`` costs nothing; only exclusion patterns
+    that may tell layers apart (a glob, a regex, a layer number) are matched layer by layer.
+    """
     fmt = _weight_format(spec.quantization)
     excluded = spec.quantization.excluded_modules if spec.quantization else ()
     plain = _dtype_bytes(spec.torch_dtype)
-    total = replicated = unused = params = experts = 0
-    for tensor in architecture_tensors(spec):
+    sums = _Sums()
+
+    def size_of(tensor: DerivedTensor) -> int:
         quantized = fmt is not None and tensor.linear and not _excluded(excluded, tensor.name)
         plain_size = tensor.numel * (tensor.stored_bytes or plain)
-        size = fmt.bytes_for(tensor) if quantized and fmt is not None else plain_size
-        total += size
-        params += tensor.numel
-        if tensor.unused:
-            unused += size
-        elif tensor.replicated:
-            replicated += size
-        elif ".mlp.experts." in tensor.name:
-            experts += size
+        return fmt.bytes_for(tensor) if quantized and fmt is not None else plain_size
+
+    for tensor in model_tensors(spec):
+        sums.add(tensor, size_of(tensor))
+    per_layer = not _layer_independent(excluded)
+    for run in layer_classes(spec):
+        layers = range(run.first, run.first + run.count) if per_layer else (run.first,)
+        times = 1 if per_layer else run.count
+        for layer in layers:
+            for tensor in layer_tensors(spec, layer, run.moe, run.unused):
+                sums.add(tensor, size_of(tensor), times)
     label = fmt.label if fmt else f"{spec.torch_dtype}: {plain} bytes per weight"
-    return DerivedWeights(total, replicated, unused, params, label, experts)
+    return DerivedWeights(sums.total, sums.replicated, sums.unused, sums.params, label, sums.experts)

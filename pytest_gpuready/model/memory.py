@@ -50,7 +50,7 @@ import math
 from dataclasses import dataclass, field
 
 from pytest_gpuready.model.derived_weights import derive_weights
-from pytest_gpuready.model.serve_args import ServeArgs
+from pytest_gpuready.model.serve_args import ServeArgs, SpeculativeConfig
 from pytest_gpuready.model.spec import DERIVED, ModelSpec, Weights, derived_weights_for
 from pytest_gpuready.model.vllm_version import VllmVersion
 
@@ -109,6 +109,62 @@ class SpeculativeSettings:
     draft_weight_bytes: int = 0
 
 
+DRAFT_HEAD_METHODS = {"eagle": 1, "eagle3": 1, "medusa": 0, "mlp_speculator": 0}
+"""Draft heads by ``--speculative-config`` method, and how many decoder layers with a KV cache each
+adds (an EAGLE head is one decoder layer; Medusa and MLP speculator heads attend nothing). Their
+weights live in a separate checkpoint (``model``), which the target's config does not size."""
+NO_DRAFT_METHODS = frozenset({"ngram", "suffix"})
+"""Proposers without a model: no weights, no KV pages; the rejection sampler still runs."""
+
+
+def speculative_settings(model: ModelSpec, config: SpeculativeConfig,
+                         tp: int) -> tuple[SpeculativeSettings, str, tuple[str, ...]]:
+    """What ``--speculative-config`` adds to one GPU of ``model`` at TP=tp, a line saying so, and what
+    the config alone cannot tell (the draft model's weights, its layers), for the verdict to say.
+
+    ``method`` as vLLM resolves it (``SpeculativeConfig.__post_init__``): an ``*_mtp`` method (or
+    none, on a model with MTP layers) drafts with the checkpoint's own next-n layers, whose weights
+    the spec counts as unused until then (loaded now, split over TP) and which keep KV pages;
+    ``ngram`` / ``suffix`` need no model; EAGLE / Medusa heads and a separate draft model live in
+    another checkpoint (``model``), which the target's config does not size."""
+    method = (config.method or "").lower()
+    if not method:
+        method = "mtp" if config.model is None and model.num_nextn_predict_layers else (
+            "eagle" if config.model and "eagle" in config.model.lower() else "draft_model")
+    mtp_layers = model.num_nextn_predict_layers
+    tokens = config.num_speculative_tokens or (mtp_layers if method.endswith("mtp") else 0)
+    unknown: list[str] = []
+    draft = f"the draft {config.model!r}" if config.model else "the draft model (none named)"
+    if method in NO_DRAFT_METHODS:
+        settings = SpeculativeSettings(tokens, 0, 0)
+        how = f"{method}: no draft model, no draft KV pages"
+    elif method.endswith("mtp"):
+        weights = model.weights or derived_weights_for(model)
+        mtp_bytes = weights.unused_bytes // max(1, tp)
+        settings = SpeculativeSettings(tokens, mtp_layers, mtp_bytes)
+        how = (f"{method}: the checkpoint's {mtp_layers} MTP layer(s) drafted with, {mtp_bytes / GIB:.2f} GiB per "
+               f"GPU ({'read' if weights.from_headers else 'derived from config.json'}) and their KV pages")
+        if not mtp_layers:
+            unknown.append(f"speculative decoding ({method}): {model.name}'s config has no MTP layers "
+                           "(num_nextn_predict_layers); nothing drafted with is counted")
+    elif method in DRAFT_HEAD_METHODS:
+        layers = DRAFT_HEAD_METHODS[method]
+        settings = SpeculativeSettings(tokens, layers, 0)
+        how = f"{method}: {layers} draft layer(s) with KV pages"
+        unknown.append(f"speculative decoding ({method}): the weights of {draft} are not counted: the "
+                       "target's config does not size another checkpoint (library callers pass "
+                       "SpeculativeSettings(draft_weight_bytes=...))")
+    else:
+        settings = SpeculativeSettings(tokens, 0, 0)
+        how = f"{method}: a separate draft model"
+        unknown.append(f"speculative decoding ({method}): the weights and KV pages of {draft} are not "
+                       "counted: the target's config does not size another model (library callers pass "
+                       "SpeculativeSettings(draft_weight_bytes=..., draft_layers=...))")
+    line = (f"--speculative-config: {how}; {tokens} speculative token(s) per step "
+            "(the rejection sampler's logits after the KV cache)")
+    return settings, line, tuple(unknown)
+
+
 @dataclass(frozen=True)
 class MemoryTerm:
     """One line of vLLM's accounting on one GPU."""
@@ -141,6 +197,8 @@ class MemoryPlan:
     """Terms vLLM allocates after sizing the KV cache, from the ``1 - utilization`` headroom."""
     rule_set: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    unknowns: tuple[str, ...] = field(default_factory=tuple)
+    """What the plan could not count from the config (a draft model's weights): the verdict warns."""
 
     @property
     def non_kv_bytes(self) -> int:
@@ -307,20 +365,57 @@ def sampler_bytes(model: ModelSpec, requests: int, version: VllmVersion | None =
     return requests * model.vocab_size * per_logit
 
 
+DS_MLA_BYTES_PER_TOKEN = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
+"""Bytes per token per layer of the DeepSeek sparse-MLA pages, which pack NoPE, RoPE and scales into
+one blob (``MLAAttention.get_kv_cache_spec``: ``state_content_bytes``,
+``vllm/model_executor/layers/attention/mla_attention.py`` 0.32)."""
+
+
+def nvfp4_head_bytes(head_size: int) -> int:
+    """One KV head's bytes per token per side with ``--kv-cache-dtype nvfp4``: packed FP4 data and
+    one FP8 scale per 16 elements, ``head_size // 2 + head_size // 16`` (``nvfp4_kv_cache_full_dim``,
+    ``vllm/utils/torch_utils.py``; ``FlashInferBackend.customize_spec`` makes K and V one slot each)."""
+    return head_size // 2 + head_size // 16
+
+
+def kv_unsized_reason(model: ModelSpec, kv_cache_dtype: str) -> str | None:
+    """Why this module cannot size the KV pages of ``kv_cache_dtype`` for ``model`` (the resolved
+    dtype); None when it can."""
+    if kv_cache_dtype == "nvfp4" and model.is_mla:
+        return (f"the KV page of --kv-cache-dtype nvfp4 on an MLA model ({model.name}) is not modelled: vLLM "
+                "sizes NVFP4 pages per KV head (FlashInfer), and an MLA latent's nvfp4 layout is nvfp4_ds_mla "
+                "(352 bytes per token per layer)")
+    if kv_cache_dtype == "nvfp4_ds_mla" and not model.is_mla:
+        return (f"--kv-cache-dtype nvfp4_ds_mla is a DeepSeek sparse-MLA page layout; {model.name} has no MLA "
+                "attention, and its page is not modelled")
+    return None
+
+
 def kv_bytes_per_token(model: ModelSpec, tp: int, kv_dtype_bytes: int, fp8_ds_mla: bool = False,
-                       pp: int = 1, draft_layers: int = 0) -> int:
+                       pp: int = 1, draft_layers: int = 0, *, kv_cache_dtype: str = "auto") -> int:
     """KV-cache bytes one token takes on one GPU (``AttentionSpec.real_page_size_bytes`` /
     ``MLAAttentionSpec``, ``vllm/v1/kv_cache_interface.py``): GQA ``2 x layers x max(1, kv_heads //
     tp) x head_dim x bytes``; MLA ``layers x (kv_lora_rank + qk_rope_head_dim) x bytes`` on every
     rank; with PP, the layers of the largest stage; a speculative draft's layers keep their own
     pages (``draft_layers``, on the last stage). ``kv_dtype_bytes`` is the KV element's size: with
-    ``--kv-cache-dtype auto`` the *served* dtype's, so ``--dtype float32`` makes it 4."""
+    ``--kv-cache-dtype auto`` the *served* dtype's, so ``--dtype float32`` makes it 4.
+    ``kv_cache_dtype`` (resolved) picks the packed layouts: ``nvfp4`` (:func:`nvfp4_head_bytes`
+    per head) and the DeepSeek sparse-MLA pages (:data:`DS_MLA_BYTES_PER_TOKEN`); a layout
+    :func:`kv_unsized_reason` names raises ValueError with that reason."""
+    unsized = kv_unsized_reason(model, kv_cache_dtype)
+    if unsized is not None:
+        raise ValueError(unsized)
     layers = math.ceil(model.num_layers / max(1, pp)) + draft_layers
     if model.is_mla:
         if fp8_ds_mla:
-            return layers * 656
+            return layers * DS_MLA_BYTES_PER_TOKEN["fp8_ds_mla"]
+        if kv_cache_dtype in DS_MLA_BYTES_PER_TOKEN:
+            return layers * DS_MLA_BYTES_PER_TOKEN[kv_cache_dtype]
         return layers * (model.mla_head_size or 0) * kv_dtype_bytes
-    return 2 * layers * max(1, model.num_kv_heads // tp) * model.head_dim * kv_dtype_bytes
+    heads = max(1, model.num_kv_heads // tp)
+    if kv_cache_dtype == "nvfp4":
+        return 2 * layers * heads * nvfp4_head_bytes(model.head_dim)
+    return 2 * layers * heads * model.head_dim * kv_dtype_bytes
 
 
 def warm_up_terms(model: ModelSpec, requests: int, version: VllmVersion | None, dtype_bytes: int,
@@ -368,7 +463,8 @@ def plan_memory(
     """vLLM's accounting for one GPU of ``total_bytes`` (as CUDA reports it) for the serve
     arguments ``settings`` (TP, PP, DP, EP and the engine settings, all from the declaration);
     ``api_server`` False is the ``LLM`` class, whose default max_num_batched_tokens differs;
-    ``speculative`` is a draft's memory (not a modelled flag: library callers pass it)."""
+    ``speculative`` is a draft's memory (:func:`speculative_settings` of the serve arguments'
+    ``--speculative-config``, or a library caller's own figures)."""
     tp, ep, pp = settings.tp, settings.ep, settings.pp
     budget = math.ceil(total_bytes * settings.gpu_memory_utilization)
     seqs = settings.max_num_seqs or default_max_num_seqs(total_bytes, gpu_name)
@@ -385,7 +481,7 @@ def plan_memory(
     if spec is not None and spec.draft_weight_bytes:
         weights = MemoryTerm("weights", weights.bytes + spec.draft_weight_bytes, "derived",
                              f"{weights.source}; + {spec.draft_weight_bytes / GIB:.2f} GiB of the speculative "
-                             "draft's weights (given)")
+                             "draft's weights")
     terms = [
         weights,
         MemoryTerm("activation peak", max(forward, sampler), "derived",
@@ -420,7 +516,8 @@ def plan_memory(
     outside.extend(warm_up_terms(model, requests, version, dtype_bytes, speculative))
     kv_cache = budget - sum(t.bytes for t in terms)
     per_token = kv_bytes_per_token(model, tp, kv_dtype_bytes, fp8_ds_mla, pp,
-                                   spec.draft_layers if spec is not None else 0)
+                                   spec.draft_layers if spec is not None else 0,
+                                   kv_cache_dtype=settings.kv_cache_dtype)
     tokens = 0
     if kv_cache > 0:
         blocks = kv_cache // (per_token * KV_BLOCK_SIZE)

@@ -367,8 +367,17 @@ def _parse_index(name: str, text: str) -> tuple[dict[str, str], int | None, list
                 for shard in sorted(set(weight_map.values()))
                 if "/" in shard or "\\" in shard or shard in ("", ".", "..")]
     metadata = index.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        problems.append(f"{name}: key 'metadata' is {excerpt(metadata)}; expected an object (with total_size)")
     total = metadata.get("total_size") if isinstance(metadata, dict) else None
-    return dict(weight_map), total if isinstance(total, int) else None, problems
+    if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total <= 0):
+        # A string ("539000000000"), a negative or a boolean total is a broken index, never "no total":
+        # planning from the config instead would show 1.9 GiB per GPU for a 502 GiB checkpoint.
+        shown = json.dumps(total) if isinstance(total, (str, int, float, bool)) else excerpt(total)
+        problems.append(f"{name}: key 'metadata.total_size' is {shown[:80]}; expected the checkpoint's "
+                        "size in bytes, a whole number > 0")
+        total = None
+    return dict(weight_map), total, problems
 
 
 def analyse_directory(raw: RawDirectory) -> ModelFiles:

@@ -30,6 +30,7 @@ whole experts (MoE TP size 1, EP size TP x DP).
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -61,6 +62,59 @@ def human_int(text: str) -> int | None:
 
 
 @dataclass(frozen=True)
+class SpeculativeConfig:
+    """``--speculative-config``, vLLM's JSON (``SpeculativeConfig``, ``vllm/config/speculative.py``):
+    the keys the memory model reads (``method``, ``num_speculative_tokens``, ``model``, the draft),
+    and every other key kept as written (``others``, compact JSON), passed through, not judged."""
+
+    method: str | None = None
+    num_speculative_tokens: int | None = None
+    model: str | None = None
+    others: str = ""
+    """The remaining keys as sorted compact JSON (``{"prompt_lookup_max": 4}``), or empty."""
+
+    EXPECTED = ('a JSON object like {"method": "eagle", "num_speculative_tokens": 3, "model": "DRAFT"} '
+                "(vLLM's --speculative-config)")
+
+    @classmethod
+    def parse(cls, value: Any) -> SpeculativeConfig:
+        """From a mapping (a deploy file) or JSON text (a command line); ValueError with
+        :attr:`EXPECTED` when it is neither, or a modelled key has the wrong type."""
+        if isinstance(value, SpeculativeConfig):
+            return value
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise ValueError(cls.EXPECTED) from None
+        if not isinstance(value, Mapping) or not value or not all(isinstance(k, str) for k in value):
+            raise ValueError(cls.EXPECTED)
+        method, tokens, model = value.get("method"), value.get("num_speculative_tokens"), value.get("model")
+        if method is not None and (not isinstance(method, str) or not method.strip()):
+            raise ValueError(f"{cls.EXPECTED}; its method a non-empty string")
+        if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
+            raise ValueError(f"{cls.EXPECTED}; its num_speculative_tokens a whole number >= 1")
+        if model is not None and (not isinstance(model, str) or not model.strip()):
+            raise ValueError(f"{cls.EXPECTED}; its model a non-empty string (the draft's path or name)")
+        rest = {k: v for k, v in value.items() if k not in ("method", "num_speculative_tokens", "model")}
+        try:
+            others = json.dumps(rest, sort_keys=True, separators=(",", ":")) if rest else ""
+        except (TypeError, ValueError):
+            raise ValueError(f"{cls.EXPECTED}; every value JSON") from None
+        return cls(method, tokens, model, others)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object vLLM receives: the modelled keys that are set, then the others."""
+        data: dict[str, Any] = {k: v for k, v in (("method", self.method),
+                                                  ("num_speculative_tokens", self.num_speculative_tokens),
+                                                  ("model", self.model)) if v is not None}
+        return {**data, **(json.loads(self.others) if self.others else {})}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), separators=(",", ":"))
+
+
+@dataclass(frozen=True)
 class Arg:
     """What the project knows of one ``vllm serve`` argument (the metadata of a :class:`ServeArgs` field)."""
 
@@ -68,7 +122,8 @@ class Arg:
     """vLLM's flag, e.g. ``--tensor-parallel-size``; its ``EngineArgs`` name is :attr:`vllm_name`."""
     kind: str
     """``int`` (>= 1), ``length`` (>= 1, or like ``128k``), ``fraction`` (0 < x <= 1), ``bool``,
-    ``choice`` (one of :attr:`choices`) or ``name`` (a non-empty string)."""
+    ``choice`` (one of :attr:`choices`), ``name`` (a non-empty string) or ``json`` (a
+    :class:`SpeculativeConfig`, vLLM's JSON)."""
     section: str
     """:data:`DEPLOYMENT` or :data:`SERVE`: where the deploy file has it."""
     group: str
@@ -103,6 +158,7 @@ class Arg:
             "bool": "true or false",
             "choice": f"one of {', '.join(self.choices)}",
             "name": "a non-empty string",
+            "json": SpeculativeConfig.EXPECTED,
         }[self.kind]
 
     def parse(self, value: Any, *, text: bool = False) -> Any:
@@ -129,6 +185,8 @@ class Arg:
             if not isinstance(value, str) or value not in self.choices:
                 raise ValueError(self.expected)
             return value
+        if self.kind == "json":
+            return SpeculativeConfig.parse(value)
         if not isinstance(value, str) or not value.strip():
             raise ValueError(self.expected)
         return value
@@ -149,6 +207,8 @@ class Arg:
         """This argument on a command line: ``--enforce-eager``, ``--max-model-len 4096``."""
         if self.kind == "bool":
             return [self.flag] if value else [f"--no-{self.flag[2:]}"]
+        if isinstance(value, SpeculativeConfig):
+            return [self.flag, value.to_json()]
         return [self.flag, f"{value:g}" if isinstance(value, float) else str(value)]
 
 
@@ -202,6 +262,9 @@ class ServeArgs:
         always=True, help="Fraction of each GPU's memory vLLM may use.")
     enforce_eager: bool = _arg(False, flag="--enforce-eager", kind="bool", section=SERVE, group=ENGINE,
                                versions=_ALL, help="No CUDA graphs and no torch.compile.")
+    speculative_config: SpeculativeConfig | None = _arg(  # noqa: RUF009 (a field(), like every other)
+        None, flag="--speculative-config", kind="json", section=SERVE, group=ENGINE, versions=_ALL,
+        help='Speculative decoding, vLLM\'s JSON: {"method": ..., "num_speculative_tokens": N, "model": DRAFT}.')
     # ------------------------------------------------------------ not modelled
     extra_args: tuple[str, ...] = ()
     """Flags the project does not model, in order; passed through untouched and reported as not judged."""
@@ -284,7 +347,7 @@ class ServeArgs:
     def to_record(self) -> dict[str, Any]:
         """Plain, stable data: every field by name (vLLM's defaults included) and the flags not
         judged. What the report records as judged, and a key a benchmark baseline can compare."""
-        record: dict[str, Any] = {name: getattr(self, name) for name in ARGS}
+        record: dict[str, Any] = {name: _plain(getattr(self, name)) for name in ARGS}
         record["not_judged"] = list(self.extra_args)
         return record
 
@@ -295,10 +358,15 @@ class ServeArgs:
         for name, arg in ARGS.items():
             value = getattr(self, name)
             if arg.always or value != _default(name):
-                entry[arg.section][name] = value
+                entry[arg.section][name] = _plain(value)
         if self.extra_args:
             entry[SERVE]["extra_args"] = list(self.extra_args)
         return entry
+
+
+def _plain(value: Any) -> Any:
+    """A field's value as plain data (a :class:`SpeculativeConfig` as its JSON object)."""
+    return value.to_dict() if isinstance(value, SpeculativeConfig) else value
 
 
 Layout = ServeArgs
@@ -396,7 +464,8 @@ def add_arguments(parser: argparse._ActionsContainer, group: str = ENGINE) -> No
             continue
         default = _default(name)
         shown = f" (default {default:g})" if isinstance(default, float) else ""
-        parser.add_argument(arg.flag, dest=name, metavar=name.upper() if not arg.choices else None,
+        metavar = "JSON" if arg.kind == "json" else name.upper() if not arg.choices else None
+        parser.add_argument(arg.flag, dest=name, metavar=metavar,
                             type=_argparse_type(arg), choices=arg.choices or None, default=None,
                             help=arg.help + shown)
 
@@ -423,5 +492,5 @@ def from_namespace(namespace: argparse.Namespace, group: str = ENGINE) -> dict[s
     return given
 
 
-__all__ = ["ARGS", "DTYPES", "Arg", "Layout", "ServeArgs", "add_arguments", "field_for_key", "fold_extra_args",
-           "from_namespace", "human_int", "keys", "split_extra_args"]
+__all__ = ["ARGS", "DTYPES", "Arg", "Layout", "ServeArgs", "SpeculativeConfig", "add_arguments", "field_for_key",
+           "fold_extra_args", "from_namespace", "human_int", "keys", "split_extra_args"]

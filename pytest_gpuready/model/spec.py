@@ -219,6 +219,38 @@ class ModelSpec:
         return f"{self.name} ({self.text_model_type}, {self.num_layers} layers, {kind}{moe}, {quant})"
 
 
+_WIDTH = 1 << 20
+SIZE_LIMITS: Mapping[str, int] = {
+    "num_hidden_layers": 1024,            # the deepest released LLMs have under 200
+    "num_nextn_predict_layers": 64,       # DeepSeek-V3 / GLM: 1
+    "first_k_dense_replace": 1024,
+    "hidden_size": 1 << 17,               # the widest: 18432 (Nemotron-4 340B)
+    "num_attention_heads": 1 << 12,       # DeepSeek-V3: 128
+    "num_key_value_heads": 1 << 12,
+    "head_dim": 1 << 12,                  # 64-256; MLA's 576 is kv_lora_rank + rope
+    "vocab_size": 1 << 22,                # the largest: 262144 (Gemma 3)
+    "intermediate_size": _WIDTH,          # the widest: 73728 (Nemotron-4 340B)
+    "moe_intermediate_size": _WIDTH,
+    "shared_expert_intermediate_size": _WIDTH,
+    "shared_intermediate_size": _WIDTH,
+    "n_routed_experts": 1 << 16,          # Kimi-K2: 384
+    "num_experts": 1 << 16,
+    "num_local_experts": 1 << 16,
+    "n_shared_experts": 1 << 10,
+    "num_experts_per_tok": 1 << 16,
+    "kv_lora_rank": 1 << 16,              # DeepSeek-V3: 512
+    "q_lora_rank": 1 << 16,
+    "qk_rope_head_dim": 1 << 16,
+    "qk_nope_head_dim": 1 << 16,
+    "v_head_dim": 1 << 16,
+    "index_topk": 1 << 24,
+    "max_position_embeddings": 1 << 34,   # the longest declared: 10M tokens (Llama 4 Scout)
+}
+"""The largest value each size key of a config may have: orders of magnitude above every released
+model, so a real config always passes, and a typo or a hostile config (``num_hidden_layers:
+1000000000000000000``) is a one-line error instead of a plan of absurd figures."""
+
+
 class _Keys:
     """Typed access to one config object, with one-line errors naming file, key and expectation."""
 
@@ -249,6 +281,10 @@ class _Keys:
             return None
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise self.error(shown, value, expected)
+        maximum = SIZE_LIMITS.get(key)
+        if maximum is not None and value > maximum:
+            raise self.error(shown, value, f"a whole number from {minimum} to {maximum} ("
+                             + (f"{meaning}; " if meaning else "") + "no model has more)")
         return value
 
     def req(self, key: str, *, minimum: int = 1, meaning: str = "") -> int:
@@ -638,7 +674,9 @@ def spec_from_files(files: ModelFiles, where: str) -> ModelSpec:
         # in weights.problems), never a config-only directory.
         return replace(spec, weights=weights_from_files(files, spec.num_layers))
     # No weights file here (a config-only directory, perhaps with the index): plan from the
-    # index's total_size or the architecture; such weights are an estimate, never complete.
+    # index's total_size or the architecture; such weights are an estimate, never complete. (A
+    # broken index, a total_size that is no size included, is a weights file that cannot be read:
+    # weights_present, above.)
     return replace(spec, weights=derived_weights_for(spec, files.index_total_size, files.index_name))
 
 

@@ -21,8 +21,9 @@ from pytest_gpuready.model.backends import parse_gpu_arch
 from pytest_gpuready.model.serve_args import ServeArgs
 from pytest_gpuready.model.spec import inspect_model
 from pytest_gpuready.model.vllm_version import parse_vllm_version
+from pytest_gpuready.outputs import OutputRefused, check_output, written_to
 from pytest_gpuready.plan.deploy_writer import deploy_document, write_deploy
-from pytest_gpuready.plan.planner import plan_layouts
+from pytest_gpuready.plan.planner import plan_layouts, planned_gpus
 from pytest_gpuready.plan.presets import parse_gpus, preset_snapshot
 from pytest_gpuready.plan.table import format_table
 
@@ -30,8 +31,8 @@ from pytest_gpuready.plan.table import format_table
 def _arch(text: str) -> tuple[int, int]:
     try:
         return parse_gpu_arch(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected sm90, sm120 or a compute capability like 8.6") from None
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def parser() -> argparse.ArgumentParser:
@@ -75,6 +76,11 @@ def _plan(argv: Sequence[str] | None) -> int:
     except ValueError as exc:
         print(f"gpuready plan: --vllm-version: {exc}", file=sys.stderr)
         return 2
+    try:  # judged before the plan is made, as pytest judges --gpuready-report before any test
+        deploy_output = check_output(args.write_deploy, what="deploy file") if args.write_deploy else None
+    except OutputRefused as exc:
+        print(f"gpuready plan: --write-deploy {exc}", file=sys.stderr)
+        return 2
     try:
         model = inspect_model(args.model_dir)
         if args.gpus:
@@ -94,19 +100,30 @@ def _plan(argv: Sequence[str] | None) -> int:
     kv = given.pop("kv_cache_dtype", None)
     serve = ServeArgs(**given)
     allow_long = os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() in ("1", "true")
-    rows = plan_layouts(model, snap, model_path=args.model_dir, vllm_version=version, serve=serve,
-                        capability=args.gpu_arch, allow_long_max_model_len=allow_long,
-                        kv_cache_dtypes=[kv] if kv is not None else None)
+    try:
+        rows = plan_layouts(model, snap, model_path=args.model_dir, vllm_version=version, serve=serve,
+                            capability=args.gpu_arch, allow_long_max_model_len=allow_long,
+                            kv_cache_dtypes=[kv] if kv is not None else None)
+    except ConfigError as exc:  # weights that cannot be sized (a broken index, an unreadable shard)
+        print(f"gpuready plan: {exc}", file=sys.stderr)
+        return 2
     note = (f"rules: vLLM {version}" if version else
             "rules: newest (vLLM version unknown; pass --vllm-version)")
+    _, cut = planned_gpus(snap)
+    if cut is not None:
+        note += f"\n{cut}"
     print(format_table(rows, model, snap.host, note, all_commands=args.commands))
     working = [row for row in rows if row.ok]
-    if args.write_deploy:
+    if deploy_output is not None:
         if not working:
             print(f"gpuready plan: no layout works; {args.write_deploy} not written", file=sys.stderr)
             return 1
         chosen = working[:max(1, args.choose)]
-        write_deploy(args.write_deploy, deploy_document(
-            model.name, args.model_dir, chosen, capability=chosen[0].capability, version=version))
-        print(f"\nwrote {min(len(working), max(1, args.choose))} deployment(s) to {args.write_deploy}")
+        try:
+            write_deploy(deploy_output, deploy_document(
+                model.name, args.model_dir, chosen, capability=chosen[0].capability, version=version))
+        except OutputRefused as exc:
+            print(f"gpuready plan: --write-deploy {exc}", file=sys.stderr)
+            return 2
+        print(f"\nwrote {min(len(working), max(1, args.choose))} deployment(s) to {written_to(deploy_output)}")
     return 0 if working else 1

@@ -12,6 +12,7 @@ import yaml
 from pytest_gpuready.model.backends import format_arch
 from pytest_gpuready.model.serve_args import DEPLOYMENT, SERVE
 from pytest_gpuready.model.vllm_version import VllmVersion
+from pytest_gpuready.outputs import Output, write_output
 from pytest_gpuready.plan.planner import LayoutRow
 
 
@@ -49,8 +50,8 @@ def deploy_document(model_name: str, model_path: str, rows: Sequence[LayoutRow],
     return document
 
 
-def write_deploy(path: str, document: dict[str, Any]) -> None:
+def write_deploy(output: Output, document: dict[str, Any]) -> None:
+    """Write the deploy file as every output is written (:mod:`pytest_gpuready.outputs`): whole or not at all."""
     header = ("# Written by `python -m pytest_gpuready plan --write-deploy`; check it with\n"
-              f"#   pytest --pyargs pytest_gpuready.preflight --gpuready-config {path} -rs\n")
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(header + yaml.safe_dump(document, sort_keys=False))
+              f"#   pytest --pyargs pytest_gpuready.preflight --gpuready-config {output.shown} -rs\n")
+    write_output(output, header + yaml.safe_dump(document, sort_keys=False))

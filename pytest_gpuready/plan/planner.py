@@ -165,6 +165,26 @@ class LayoutRow:
         return (self.layout, *self.alike)
 
 
+MAX_PLAN_GPUS = 64
+"""The most GPUs one plan spans: the largest single-host layout is 8 x 8, and vLLM over more GPUs is
+a multi-node deployment, which the planner does not model. A probed host listing more (a garbled
+or hostile nvidia-smi: 10,000 rows) is planned on its first 64, and the plan says so
+(:func:`planned_gpus`); the presets (``--gpus``) refuse more."""
+
+
+def planned_gpus(snapshot: HostSnapshot, gpu_ids: Sequence[int] | None = None) -> tuple[list[int], str | None]:
+    """The GPU indexes a plan enumerates layouts over (at most :data:`MAX_PLAN_GPUS`), and a line
+    saying what was cut, or None when nothing was."""
+    present = sorted(snapshot.require_gpus(), key=lambda g: g.index)
+    ids = [g.index for g in present if gpu_ids is None or g.index in gpu_ids]
+    if len(ids) <= MAX_PLAN_GPUS:
+        return ids, None
+    kept = ids[:MAX_PLAN_GPUS]
+    return kept, (f"cut: {snapshot.host} lists {len(ids)} GPUs; planned on the first {MAX_PLAN_GPUS} "
+                  f"(GPU {kept[0]}-{kept[-1]}); layouts of more than {MAX_PLAN_GPUS} GPUs are "
+                  "multi-node and not enumerated")
+
+
 def _sizes(count: int) -> list[int]:
     """TP / PP sizes worth a row on ``count`` GPUs: the powers of two, and every divisor of the
     count (TP=3 and 6 on six GPUs, 5 and 10 on ten), whose failures (heads, vocab, widths not
@@ -296,12 +316,12 @@ def plan_layouts(
     fold: bool = True,
     kv_cache_dtypes: Sequence[str] | None = None,
 ) -> list[LayoutRow]:
-    """Judge every layout of ``model`` on the snapshot's GPUs, best first: each row ``serve``'s
-    engine settings with the row's layout; ``kv_cache_dtypes`` restricts the KV dtypes tried;
-    ``capability`` overrides what the probe reports; ``fold=False`` keeps identical rows apart."""
+    """Judge every layout of ``model`` on the snapshot's GPUs (at most :data:`MAX_PLAN_GPUS` of them,
+    see :func:`planned_gpus`), best first: each row ``serve``'s engine settings with the row's
+    layout; ``kv_cache_dtypes`` restricts the KV dtypes tried; ``capability`` overrides what the
+    probe reports; ``fold=False`` keeps identical rows apart."""
     serve = serve or ServeArgs()
-    present = sorted(snapshot.require_gpus(), key=lambda g: g.index)
-    ids = [g.index for g in present if gpu_ids is None or g.index in gpu_ids]
+    ids, _ = planned_gpus(snapshot, gpu_ids)
     layout_capability = _capability_of(snapshot, ids, capability) if ids else capability
     rows = [judge(model, snapshot, serve.with_layout(layout), ids, model_path=model_path, vllm_version=vllm_version,
                   capability=capability, allow_long_max_model_len=allow_long_max_model_len)

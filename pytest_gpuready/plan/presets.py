@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from pytest_gpuready.errors import ConfigError
 from pytest_gpuready.host.snapshot import GpuInfo, GpuLink, HostSnapshot, Topology
+from pytest_gpuready.plan.planner import MAX_PLAN_GPUS
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,8 @@ def parse_gpus(spec: str) -> tuple[int, GpuPreset]:
         hint = closest_preset(match.group(2))
         suggestion = f" (did you mean {hint}?)" if hint else ""
         raise ConfigError(f"--gpus {spec!r}: unknown GPU {match.group(2)!r}{suggestion}; expected one of {choices}")
-    if not 1 <= count <= 64:
-        raise ConfigError(f"--gpus {spec!r}: expected 1 to 64 GPUs, got {count}")
+    if not 1 <= count <= MAX_PLAN_GPUS:
+        raise ConfigError(f"--gpus {spec!r}: expected 1 to {MAX_PLAN_GPUS} GPUs, got {count}")
     return count, preset
 
 

@@ -20,6 +20,7 @@ from pytest_gpuready.errors import HostSpecError
 from pytest_gpuready.host.checks import check_gpus_clean, check_shm_clean
 from pytest_gpuready.host.host_list import display_names, merge_hosts, read_hosts_file
 from pytest_gpuready.host.hosts import Host, HostSpec
+from pytest_gpuready.host.orphans import find_running_engines, spared_line
 from pytest_gpuready.host.recovery import reap_orphans_and_reprobe, remove_shm_leftovers_and_recheck
 from pytest_gpuready.host.shm import shm_display_name
 from pytest_gpuready.host.snapshot import HostSnapshot
@@ -148,16 +149,29 @@ def _say(config: pytest.Config, line: str) -> None:
         reporter.flush()
 
 
+_SPARED_SAID = pytest.StashKey[set[tuple[str, int, "int | None"]]]()
+"""The running engines the reaper has already said it leaves alone (host, pid, start time): said once a run."""
+
+
 def snapshot_for_gpu_checks(config: pytest.Config, session: HostSession, node: pytest.Item | None = None,
                             ) -> HostSnapshot:
     """The host's snapshot; with ``--gpu-reap-orphans``, taken after orphaned vLLM engines were stopped.
 
-    The reaping and the re-probe until the driver lets go are :mod:`pytest_gpuready.host.recovery`'s;
-    this prints and records what was stopped.
+    The reaping and the re-probe until the driver lets go are :mod:`pytest_gpuready.host.recovery`'s
+    (it signals only what :func:`~pytest_gpuready.host.orphans.find_orphans` proves orphaned: the
+    process that started it is gone); this prints and records what was stopped, and says once which
+    GPU-holding engines were left alone because their owner is alive.
     """
     snap = session.snapshot()
     if not GPU_REAP_ORPHANS.get(config):
         return snap
+    said = config.stash.setdefault(_SPARED_SAID, set())
+    running = [e for e in find_running_engines(snap)
+               if (session.host.name, e.process.pid, e.process.start_ticks) not in said]
+    line = spared_line(session.host.name, running)
+    if line is not None:
+        said.update((session.host.name, e.process.pid, e.process.start_ticks) for e in running)
+        _say(config, line)
     report, snap = reap_orphans_and_reprobe(session.host, snap, lambda: session.snapshot(refresh=True))
     if report is None:
         return snap

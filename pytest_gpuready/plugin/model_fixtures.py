@@ -84,7 +84,39 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     version = VLLM_VERSION.get(config)
     if version is not None:
         lines.append(f"gpuready: model checks apply the rules of vLLM {version}")
+    arch_line = gpu_arch_precedence_line(config, deploy)
+    if arch_line is not None:
+        lines.append(arch_line)
     return lines
+
+
+def _given_as(config: pytest.Config, setting: s.Setting[Any]) -> str:
+    """How the user gave ``setting``: ``--gpu-arch``, ``$GPUREADY_GPU_ARCH`` or ``ini gpu_arch``
+    (the same order :func:`~pytest_gpuready.plugin.settings.resolve_all` takes them in)."""
+    if config.getoption(setting.dest, default=None) is not None:
+        return setting.flag
+    return f"${setting.env}" if os.environ.get(setting.env) else f"ini {setting.ini}"
+
+
+def gpu_arch_precedence_line(config: pytest.Config, deploy: DeployConfig | None) -> str | None:
+    """Said once, in the header, when ``--gpu-arch`` and deployments' ``gpu_arch`` disagree: which
+    value each deployment's checks use, and why (README, "Options and their precedence": a
+    deployment's value wins over the options; a marker argument wins over both)."""
+    given = GPU_ARCH.get(config)
+    if given is None or deploy is None:
+        return None
+    overriding: dict[tuple[int, int], list[str]] = {}
+    for deployment in deploy.deployments:
+        if deployment.gpu_arch is not None and deployment.gpu_arch != given:
+            overriding.setdefault(deployment.gpu_arch, []).append(deployment.name)
+    if not overriding:
+        return None
+    used = "; ".join(f"{', '.join(names)} use {format_arch(arch)}" for arch, names in sorted(overriding.items()))
+    others = len(deploy.deployments) - sum(len(names) for names in overriding.values())
+    rest = f"; the other {others} use {format_arch(given)}" if others else ""
+    return (f"gpuready: {_given_as(config, GPU_ARCH)} {format_arch(given)} and the gpu_arch of {deploy.path} "
+            f"disagree: {used}, the deploy file's value (a deployment's gpu_arch wins over the options; a "
+            f"marker's gpu_arch over both){rest}")
 
 
 def deploy_config_of(config: pytest.Config) -> DeployConfig | None:

@@ -88,9 +88,10 @@ SHM_REMOVE_LEFTOVERS = setting(
     is_flag=True)
 GPU_REAP_ORPHANS = setting(
     "gpu_reap_orphans", s.parse_bool, False,
-    "Before the GPU checks, stop orphaned vLLM engines (VLLM::EngineCore / VLLM::Worker whose API server is "
-    "gone) that hold GPU memory: SIGTERM, then SIGKILL, each re-checked on the host right before; says what it "
-    "stopped (default: stop nothing).",
+    "Before the GPU checks, stop orphaned vLLM engines (VLLM::EngineCore / VLLM::Worker whose owner is gone: "
+    "parent pid 1 or a subreaper; an engine with a live parent is a running job, never signalled) that hold "
+    "GPU memory: SIGTERM, then SIGKILL, each re-checked on the host right before; says what it stopped and "
+    "what it left running (default: stop nothing).",
     is_flag=True)
 
 # ---------------------------------------------------------------- two-GPU checks (two_gpu_fixtures)

@@ -15,10 +15,13 @@ function returns the files it wrote; a plot with nothing to show is not written.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pytest_gpuready.outputs import check_output, write_output
 
 MIB_PER_GIB = 1024
 
@@ -29,7 +32,11 @@ NOTHING_TO_PLOT = ("nothing to plot: the run ran no benchmark_serving, started n
 
 
 def save_plots(document: Mapping[str, Any], directory: Path) -> list[Path]:
-    """Write every plot the document has data for into ``directory``; return their paths."""
+    """Write every plot the document has data for into ``directory``; return their paths.
+
+    ``directory`` was judged by :func:`~pytest_gpuready.outputs.check_output_folder` at configure
+    time; each PNG is written whole or not at all (:func:`save_figure`).
+    """
     directory.mkdir(parents=True, exist_ok=True)
     written = []
     for plot in (plot_throughput, plot_gpu_memory):
@@ -37,6 +44,14 @@ def save_plots(document: Mapping[str, Any], directory: Path) -> list[Path]:
         if path is not None:
             written.append(path)
     return written
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Render ``fig`` to PNG in memory, then write it as every plugin output is written
+    (:mod:`pytest_gpuready.outputs`: a unique temporary file renamed over a new or regular file)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    write_output(check_output(str(path), what="plot"), buffer.getvalue())
 
 
 def require_matplotlib() -> None:
@@ -98,7 +113,7 @@ def plot_throughput(document: Mapping[str, Any], directory: Path) -> Path | None
     if fig is None:
         return None
     path = directory / "throughput.png"
-    fig.savefig(path)
+    save_figure(fig, path)
     _pyplot().close(fig)
     return path
 
@@ -277,6 +292,6 @@ def plot_gpu_memory(document: Mapping[str, Any], directory: Path) -> Path | None
     axes.grid(True, axis="y", alpha=0.3)
     fig.legend(loc="outside right upper", fontsize="small")
     path = directory / "gpu-memory.png"
-    fig.savefig(path)
+    save_figure(fig, path)
     plt.close(fig)
     return path

@@ -11,11 +11,11 @@ come from the process that sees every test report: the xdist controller (a confi
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
+from pytest_gpuready.outputs import Output, OutputRefused, check_output, check_output_folder, write_output, written_to
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.host_session import HOST_REGISTRY_KEY
 from pytest_gpuready.plugin.options import (
@@ -37,10 +37,25 @@ def is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
-def report_path(config: pytest.Config) -> Path | None:
-    """Where the JSON report goes (``--gpuready-report``, else the deprecated ``--gpuready-json``)."""
+def _report_option(config: pytest.Config) -> str:
+    return "--gpuready-report" if GPUREADY_REPORT.get(config) else "--gpuready-json"
+
+
+def check_outputs(config: pytest.Config) -> tuple[Output | None, Path | None]:
+    """The report's and the plots' destinations, judged before any test runs (see
+    :mod:`pytest_gpuready.outputs`); a path that cannot be written is a usage error naming it."""
+    base = Path(config.invocation_params.dir)
     raw = GPUREADY_REPORT.get(config) or GPUREADY_JSON.get(config)
-    return Path(config.invocation_params.dir, os.path.expanduser(raw)) if raw else None
+    plot_dir = GPUREADY_PLOT.get(config)
+    try:
+        report = check_output(raw, base, what="report") if raw else None
+    except OutputRefused as exc:
+        raise pytest.UsageError(f"{_report_option(config)} {exc}") from None
+    try:
+        plots = check_output_folder(plot_dir, base, what="plots") if plot_dir else None
+    except OutputRefused as exc:
+        raise pytest.UsageError(f"--gpuready-plot {exc}") from None
+    return report, plots
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -61,10 +76,11 @@ def pytest_configure(config: pytest.Config) -> None:
                 "--gpuready-plot needs matplotlib: pip install 'pytest-gpuready[plot]'") from None
     if is_worker(config):
         return
+    report, plots = check_outputs(config)
     registry = config.stash.get(HOST_REGISTRY_KEY, None)
     hosts = {name: {"name": name, "spec": str(session.spec)} for name, session in (registry or {}).items()}
     if config.pluginmanager.get_plugin(_NAME) is None:
-        collector = ReportCollector(config, ReportData(hosts=hosts))
+        collector = ReportCollector(config, ReportData(hosts=hosts), report, plots)
         if old is not None and new is None:
             # A line of the summary, not a DeprecationWarning: a project's `filterwarnings = error`
             # (this repository's own) turns a config-time warning into an INTERNALERROR.
@@ -90,10 +106,14 @@ class ReportCollector:
     is not given the config, and a pytest run inside a pytest run (pytester) has two.
     """
 
-    def __init__(self, config: pytest.Config, data: ReportData) -> None:
+    def __init__(self, config: pytest.Config, data: ReportData, report: Output | None = None,
+                 plots: Path | None = None) -> None:
         self.config = config
         self.data = data
-        self.written: list[str] = []
+        self.report = report
+        self.plots = plots
+        self.written: list[tuple[str, bool]] = []
+        """Lines for the terminal summary: (text, whether it is an error)."""
         self.notices: list[str] = []
         """Lines said at the end of the run, before the tables (deprecations)."""
 
@@ -118,21 +138,25 @@ class ReportCollector:
             if host.snapshots_taken and "snapshots_taken" not in self.data.hosts.get(host.display_name, {}):
                 self.data.add_host_state(host_state(host, None))
         document = self.data.document(int(exitstatus))
-        path = report_path(config)
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_name(f".{path.name}.partial")
-            partial.write_text(json.dumps(document, indent=2) + "\n")
-            partial.replace(path)
-            self.written.append(f"gpuready: report written to {path}")
-        plot_dir = GPUREADY_PLOT.get(config)
-        if plot_dir is not None:
-            target = Path(config.invocation_params.dir, os.path.expanduser(plot_dir))
-            saved_plots = save_plots(document, target)
-            for saved in saved_plots:
-                self.written.append(f"gpuready: plot {saved}")
-            if not saved_plots:
-                self.written.append(f"gpuready: no plot written to {target}: {NOTHING_TO_PLOT}")
+        if self.report is not None:
+            reporter = config.pluginmanager.get_plugin("terminalreporter")
+            if self.report.kind == "stdout" and reporter is not None:
+                reporter.ensure_newline()  # after the progress line ("test_x.py .  [100%]"), not on it
+            try:
+                write_output(self.report, json.dumps(document, indent=2) + "\n")
+                self.written.append((f"gpuready: report written to {written_to(self.report)}", False))
+            except OutputRefused as exc:
+                self.written.append((f"gpuready: report not written: {exc}", True))
+        if self.plots is not None:
+            try:
+                saved_plots = save_plots(document, self.plots)
+            except OutputRefused as exc:
+                self.written.append((f"gpuready: plot not written: {exc}", True))
+            else:
+                for saved in saved_plots:
+                    self.written.append((f"gpuready: plot {saved}", False))
+                if not saved_plots:
+                    self.written.append((f"gpuready: no plot written to {self.plots}: {NOTHING_TO_PLOT}", False))
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         config = self.config
@@ -151,5 +175,5 @@ class ReportCollector:
             terminalreporter.write_sep("=", "gpuready: failed invariants", fullwidth=rule)
             for line in failures:
                 terminalreporter.write_line(line.text, red=True)
-        for written in self.written:
-            terminalreporter.write_line(written)
+        for written, failed in self.written:
+            terminalreporter.write_line(written, red=failed)

@@ -103,13 +103,14 @@ class ServeSpec:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for reports (JSON, JUnit properties)."""
+        record = self.args.to_record()
         return {
             "model": self.model,
             "served_model_name": self.model_name,
             "gpus": list(self.gpus) if self.gpus is not None else None,
-            **{arg.vllm_name: getattr(self.args, name) for name, arg in ARGS.items()},
+            **{arg.vllm_name: record[name] for name, arg in ARGS.items()},
             "extra_args": list(self.args.extra_args),
-            "serve_args": self.args.to_record(),
+            "serve_args": record,
             "argv": self.args.argv(),
             "port": self.port,
             "command": self.command,

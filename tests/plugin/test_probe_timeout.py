@@ -128,7 +128,7 @@ def test_help_lists_the_probe_timeout(pytester: pytest.Pytester) -> None:
 def test_a_probe_that_answers_leaves_no_watchdog_behind(standin: Standin) -> None:
     """The watchdog's timer is stopped with the probe: no ``sleep`` of it outlives the snapshot."""
     standin("h200-idle")
-    odd = 7.25  # a timeout no other process here sleeps for
+    odd = 97.25  # a timeout no other process here sleeps for, and far past any loaded machine's probe time
     snap = snapshot(LocalHost(), timeout=odd)
     assert snap.errors == {}
 
@@ -137,7 +137,7 @@ def test_a_probe_that_answers_leaves_no_watchdog_behind(standin: Standin) -> Non
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 try:
-                    if (entry / "cmdline").read_bytes() == b"sleep\x007.25\x00" and running(int(entry.name)):
+                    if (entry / "cmdline").read_bytes() == b"sleep\x0097.25\x00" and running(int(entry.name)):
                         found.append(int(entry.name))
                 except OSError:
                     continue

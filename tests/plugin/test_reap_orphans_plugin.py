@@ -5,12 +5,13 @@ nvidia-smi listing its pid in the captured H200 row (``h200-orphan-enginecore``)
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.engines import orphaned_engine, served_engine
+from tests.engines import job_engine, orphaned_engine, served_engine
 
 Standin = Callable[[str], Path]
 PREFLIGHT = ("--pyargs", "pytest_gpuready.preflight.test_host", "-k", "gpus", "-p", "no:cacheprovider")
@@ -63,6 +64,38 @@ def test_the_env_var_turns_it_on_and_a_served_engine_is_never_touched(
         ])
         assert "stopped orphaned" not in result.stdout.str()
         assert engine.alive()
+
+
+def test_a_running_jobs_engine_is_left_alone_and_its_owner_named(
+    pytester: pytest.Pytester, standin: Standin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine of a live ``python batch_infer.py`` (vLLM's ``LLM(...)``) is a running job: with the
+    option on, nothing is signalled, the GPU check fails naming who holds the GPU, and the reaper says once
+    (for two GPU checks) what it left running."""
+    standin("h200-orphan-enginecore")
+    pytester.makepyfile(test_two="""
+        import pytest
+        @pytest.mark.gpus_clean
+        def test_a(): pass
+        @pytest.mark.gpus_clean
+        def test_b(): pass
+    """)
+    with job_engine(pytester.path) as engine:
+        assert engine.api_server is not None
+        owner = engine.api_server.pid
+        monkeypatch.setenv("GPUREADY_STANDIN_PIDS", f"3504={engine.pid}")
+        result = pytester.runpytest("--gpu-reap-orphans", "-p", "no:cacheprovider", "test_two.py")
+        result.assert_outcomes(failed=2)  # a measured violation fails, in setup too
+        held = (f"pid {engine.pid} (VLLM::EngineCore) of pid {owner} (*python batch_infer.py VLLM::EngineCore 0 300 0)"
+                " 71824 MiB")
+        result.stdout.fnmatch_lines([f"  GPU 0: 71832 MiB used, held by {held}"])
+        said = [line for line in result.stdout.lines if line.startswith("gpuready: not stopped")]
+        assert len(said) == 1
+        assert fnmatch.fnmatch(said[0], "gpuready: not stopped on local, vLLM engines of a running job (their owner "
+                               f"is alive): {held} on GPU 0")
+        assert "stopped orphaned" not in result.stdout.str()
+        assert engine.alive()
+        assert engine.api_server.poll() is None
 
 
 def test_an_orphaned_engine_that_holds_no_gpu_memory_is_never_touched(

@@ -38,8 +38,6 @@ PLUGIN = ("-p", "no:cacheprovider")
 UNMODELLED = (("--trust-remote-code",), ("--seed", "7"), ("--disable-log-stats",), ("--swap-space", "4"),
               ("--served-model-name-suffix=x",))
 """Flags the declaration does not model (the last is made up: unknown flags pass through too)."""
-SIZED_KV_DTYPES = tuple(kv for kv in KV_CACHE_DTYPES if not kv.startswith("nvfp4"))
-"""The KV dtypes the memory model sizes (the planner judges memory on every row; nvfp4 KV is not modelled)."""
 LAUNCH = '''
 import pytest
 from pytest_gpuready.errors import GpuReadyError
@@ -55,7 +53,7 @@ def _flag_words(name: str, value: Any, inline: bool) -> list[str]:
     arg = ARGS[name]
     if arg.kind == "bool":
         return [arg.flag]
-    text = f"{value:g}" if isinstance(value, float) else str(value)
+    text = f"{value:g}" if isinstance(value, float) else json.dumps(value) if isinstance(value, dict) else str(value)
     return [f"{arg.flag}={text}"] if inline else [arg.flag, text]
 
 
@@ -68,7 +66,7 @@ def deployment(draw: st.DrawFn, index: int) -> dict[str, Any]:
     values: dict[str, Any] = {
         "tp": tp, "pp": pp, "dp": dp,
         "ep": draw(st.booleans()) if tp * dp > 1 else False,
-        "kv_cache_dtype": draw(st.sampled_from(SIZED_KV_DTYPES)),
+        "kv_cache_dtype": draw(st.sampled_from(KV_CACHE_DTYPES)),
         "dtype": draw(st.sampled_from(DTYPES)),
         "quantization": draw(st.sampled_from([None, "fp8", "bitsandbytes"])),
         "max_model_len": draw(st.one_of(st.none(), st.integers(1, 32768))),
@@ -76,6 +74,9 @@ def deployment(draw: st.DrawFn, index: int) -> dict[str, Any]:
         "max_num_batched_tokens": draw(st.one_of(st.none(), st.integers(1, 65536))),
         "gpu_memory_utilization": draw(st.sampled_from([0.5, 0.85, 0.9, 0.95, 1.0])),
         "enforce_eager": draw(st.booleans()),
+        "speculative_config": draw(st.sampled_from([
+            None, {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4},
+            {"method": "eagle", "num_speculative_tokens": 3, "model": "drafts/eagle head"}])),
     }
     entry: dict[str, Any] = {"name": f"d{index}", "model": "models/mixtral", "gpus": list(range(tp * pp * dp))}
     serve: dict[str, Any] = {"env": {"GPUREADY_STANDIN_TAG": f"d{index}"}}

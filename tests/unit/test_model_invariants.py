@@ -431,8 +431,14 @@ def test_kv_cache_bytes_per_token(spec: ModelSpec, tp: int, dtype: str, expected
 
 
 def test_kv_bytes_for_an_unmodelled_dtype() -> None:
-    with pytest.raises(ValueError, match=r"KV-cache dtype 'nvfp4': its size per element is not modelled"):
-        kv_cache_bytes_per_token(LLAMA, 1, "nvfp4")
+    from pytest_gpuready.model.checks import kv_dtype_bytes
+
+    with pytest.raises(ValueError, match=r"KV-cache dtype 'int4': its size per element is not modelled"):
+        kv_dtype_bytes(LLAMA, "int4")
+    # nvfp4 is sized on GQA attention (head_dim // 2 + head_dim // 16 per head), not on an MLA latent
+    assert kv_cache_bytes_per_token(LLAMA, 1, "nvfp4") == 2 * 32 * 8 * (64 + 8)
+    with pytest.raises(ValueError, match=r"the KV page of --kv-cache-dtype nvfp4 on an MLA model \(Kimi-K2.5-NVFP4\)"):
+        kv_cache_bytes_per_token(KIMI, 1, "nvfp4")
 
 
 # ---------------------------------------------------------------- memory fit

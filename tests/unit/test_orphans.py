@@ -16,8 +16,13 @@ from pathlib import Path
 import pytest
 
 from pytest_gpuready import LocalHost, check_gpus_clean, snapshot
+from pytest_gpuready.host.checks import describe_process
 from pytest_gpuready.host.orphans import (
+    Judgement,
+    Orphan,
     find_orphans,
+    find_running_engines,
+    judge,
     orphan_reason,
     parse_lineage,
     parse_stat,
@@ -26,7 +31,7 @@ from pytest_gpuready.host.orphans import (
 )
 from pytest_gpuready.host.snapshot import GpuProcess, HostSnapshot, ProcessInfo
 from tests.conftest import DATA
-from tests.engines import orphaned_engine, served_engine
+from tests.engines import adopted_engine, job_engine, orphaned_engine, served_engine
 
 CAPTURE = (DATA / "nvidia-smi" / "h200x1-orphan-enginecore.txt").read_text()
 API_SERVER_ARGS = next(line.split(None, 4)[4] for line in CAPTURE.splitlines() if line.startswith(" 3398 "))
@@ -46,12 +51,14 @@ def with_lineage(snap: HostSnapshot, *lineage: ProcessInfo) -> HostSnapshot:
 
 
 ENGINE_AFTER_KILL = ProcessInfo(3504, 1, 3398, 5000, "VLLM::EngineCor", "VLLM::EngineCore")
+HOST_INIT = ProcessInfo(1, 0, 1, 1, "systemd", "/sbin/init")
+"""Pid 1 of the H200 host (a systemd host: the capture's ``ps`` was filtered, this is what /proc/1 reads there)."""
 ENGINE_BEFORE_KILL = ProcessInfo(3504, 3398, 3398, 5000, "VLLM::EngineCor", "VLLM::EngineCore")
 API_SERVER = ProcessInfo(3398, 3345, 3398, 4900, "python3", API_SERVER_ARGS)
 
 
 def test_the_captured_orphan_reads_as_the_issue_asks(standin: Callable[[str], Path]) -> None:
-    snap = with_lineage(captured_snapshot(standin), ENGINE_AFTER_KILL)
+    snap = with_lineage(captured_snapshot(standin), ENGINE_AFTER_KILL, HOST_INIT)
     verdict = check_gpus_clean(snap)
     assert not verdict.ok
     assert verdict.details == (ISSUE_LINE,)
@@ -69,21 +76,55 @@ def test_an_engine_whose_api_server_lives_is_a_running_server(standin: Callable[
     assert find_orphans(snap) == []
 
 
-def test_a_parent_that_is_not_a_vllm_api_server_makes_an_orphan() -> None:
+def test_a_subreaper_parent_makes_an_orphan() -> None:
     subreaper = ProcessInfo(812, 1, 812, 100, "systemd", "/lib/systemd/systemd --user")
     worker = ProcessInfo(3600, 3504, 3398, 5100, "VLLM::Worker_TP", "VLLM::Worker_TP0")
     engine = dataclasses.replace(ENGINE_AFTER_KILL, ppid=812)
     process = GpuProcess(3600, "VLLM::Worker_TP0", 40000, "GPU-x", 0, alive=True, lineage=(worker, engine, subreaper))
-    assert orphan_reason(process) == ("parent pid 3504 (VLLM::EngineCor), whose parent pid 812 "
-                                      "(/lib/systemd/systemd --user) is not a vLLM API server")
+    assert orphan_reason(process) == ("parent pid 3504 (VLLM::EngineCor), whose parent is the subreaper pid 812 "
+                                      "(/lib/systemd/systemd --user)")
     served = dataclasses.replace(process, lineage=(worker, ENGINE_BEFORE_KILL, API_SERVER))
     assert orphan_reason(served) is None
 
 
+BATCH_JOB = ProcessInfo(3, 2, 2, 4900, "python", "python batch_infer.py --model /models/llama")
+JOB_ENGINE = ProcessInfo(4, 3, 2, 5000, "VLLM::EngineCor", "VLLM::EngineCore")
+
+
+def test_an_engine_of_a_live_script_is_a_running_job_named_with_its_owner() -> None:
+    """vLLM's offline ``LLM(...)``: the engine is a child of the user's own script, not of an API server."""
+    process = GpuProcess(4, "VLLM::EngineCore", 71824, "GPU-x", 0, alive=True, lineage=(JOB_ENGINE, BATCH_JOB))
+    assert judge(process) == Judgement(owner=BATCH_JOB)
+    assert describe_process(process) == ("pid 4 (VLLM::EngineCore) of pid 3 (python batch_infer.py --model "
+                                         "/models/llama) 71824 MiB")
+    # A live parent of any kind, even one that is no vLLM and no init (a CI runner, a shell): a running job.
+    for parent in ("bash", "gitlab-runner", "sleep"):
+        other = dataclasses.replace(BATCH_JOB, comm=parent, cmdline=parent)
+        assert judge(dataclasses.replace(process, lineage=(JOB_ENGINE, other))) == Judgement(owner=other)
+
+
+def test_pid_1_that_started_the_engine_is_its_owner_not_a_reaper() -> None:
+    """``docker run image python batch_infer.py``: the script is pid 1 of its container, in its engine's session."""
+    script_as_init = ProcessInfo(1, 0, 1, 10, "python", "python batch_infer.py")
+    engine = ProcessInfo(40, 1, 1, 500, "VLLM::EngineCor", "VLLM::EngineCore")
+    process = GpuProcess(40, "VLLM::EngineCore", 71824, "GPU-x", 0, alive=True, lineage=(engine, script_as_init))
+    assert judge(process) == Judgement(owner=script_as_init)
+    # The same pid 1 with the engine in another session (the session of its dead starter): adopted, orphaned.
+    adopted = dataclasses.replace(engine, session_id=33)
+    assert orphan_reason(dataclasses.replace(process, lineage=(adopted, script_as_init))) == "parent pid 1"
+    # A named init needs no session proof: it never starts an engine itself.
+    tini = ProcessInfo(1, 0, 1, 10, "tini", "/sbin/tini -- sh")
+    assert orphan_reason(dataclasses.replace(process, lineage=(engine, tini))) == "parent pid 1"
+
+
 def test_what_cannot_be_proved_is_not_an_orphan() -> None:
     assert orphan_reason(GpuProcess(3504, "VLLM::EngineCore", 71824, "u", 0, alive=True)) is None  # no lineage
+    pid_1_unread = GpuProcess(3504, "VLLM::EngineCore", 71824, "u", 0, alive=True, lineage=(ENGINE_AFTER_KILL,))
+    assert judge(pid_1_unread) == Judgement()
+    other_namespace = dataclasses.replace(ENGINE_AFTER_KILL, ppid=0)
+    assert judge(dataclasses.replace(pid_1_unread, lineage=(other_namespace,))) == Judgement()
     python = ProcessInfo(431, 1, 431, 10, "python3", "python3 train.py")
-    assert orphan_reason(GpuProcess(431, "python3", 20998, "u", 0, alive=True, lineage=(python,))) is None
+    assert orphan_reason(GpuProcess(431, "python3", 20998, "u", 0, alive=True, lineage=(python, HOST_INIT))) is None
     unread_parent = dataclasses.replace(ENGINE_AFTER_KILL, ppid=3398)
     assert orphan_reason(GpuProcess(3504, "VLLM::EngineCore", 1, "u", 0, alive=True, lineage=(unread_parent,))) is None
     younger_parent = dataclasses.replace(API_SERVER, start_ticks=9999, cmdline="sleep 60")
@@ -171,3 +212,56 @@ def test_local_lineage_reads_what_the_probe_section_reads() -> None:
         assert engine.api_server is not None
         assert chain[1].pid == engine.api_server.pid
         assert "vllm.entrypoints.openai.api_server" in chain[1].cmdline
+
+
+def test_a_live_jobs_engine_is_never_signalled_even_when_asked(
+    standin: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The engine of a running ``python batch_infer.py`` (vLLM's ``LLM(...)``): named with its owner, and
+    the reap script's own re-check refuses it even when handed it as an orphan."""
+    standin("h200-orphan-enginecore")
+    with job_engine(tmp_path) as engine:
+        assert engine.api_server is not None
+        monkeypatch.setenv("GPUREADY_STANDIN_PIDS", f"3504={engine.pid}")
+        snap = snapshot(LocalHost(), reader="nvidia-smi")
+        assert find_orphans(snap) == []
+        (running,) = find_running_engines(snap)
+        assert running.owner.pid == engine.api_server.pid
+        assert running.describe() == (f"pid {engine.pid} (VLLM::EngineCore) of pid {engine.api_server.pid} "
+                                      f"({running.owner.label}) 71824 MiB on GPU 0")
+        assert running.owner.label.endswith("python batch_infer.py VLLM::EngineCore 0 300 0")
+        assert check_gpus_clean(snap).details == (
+            f"GPU 0: 71832 MiB used, held by {running.describe().removesuffix(' on GPU 0')}",)
+        forged = Orphan(snap.processes[0], "forged")
+        report = reap_orphans(LocalHost(), [forged], grace_s=0.5)
+        assert (report.stopped, [o.pid for o in report.skipped]) == ((), [engine.pid])
+        assert engine.alive()
+        assert engine.api_server.poll() is None
+
+
+@pytest.mark.parametrize(("reaper", "orphaned"), [("tini", True), ("", False)], ids=["named-init", "unknown-kind"])
+def test_an_engine_adopted_by_a_live_subreaper(standin: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch,
+                                              reaper: str, orphaned: bool) -> None:
+    """A real subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``) adopts the engine of a starter that is gone.
+    Named as an init names itself (``tini``, kernel name set here: a stand-in), it is a reaper and the
+    engine an orphan; under a live parent of no known kind (``python3``) the engine is a running job."""
+    standin("h200-orphan-enginecore")
+    with adopted_engine(reaper) as engine:
+        assert engine.api_server is not None
+        assert engine.ppid() == engine.api_server.pid
+        monkeypatch.setenv("GPUREADY_STANDIN_PIDS", f"3504={engine.pid}")
+        snap = snapshot(LocalHost(), reader="nvidia-smi")
+        orphans = find_orphans(snap)
+        if orphaned:
+            (orphan,) = orphans
+            assert orphan.reason.startswith(f"parent the subreaper pid {engine.api_server.pid} (")
+            report = reap_orphans(LocalHost(), orphans, grace_s=5)
+            assert [o.pid for o in report.stopped] == [engine.pid]
+            assert not engine.alive()
+        else:
+            assert orphans == []
+            assert [r.owner.pid for r in find_running_engines(snap)] == [engine.api_server.pid]
+            report = reap_orphans(LocalHost(), [Orphan(snap.processes[0], "forged")], grace_s=0.5)
+            assert [o.pid for o in report.skipped] == [engine.pid]
+            assert engine.alive()
+        assert engine.api_server.poll() is None  # the subreaper itself is never signalled

@@ -6,6 +6,7 @@ the preflight."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -236,8 +237,8 @@ def test_bad_gpu_arch_names_the_option(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit) as exit_info:
         main(["plan", str(MINIMAX), "--gpus", "H200", "--gpu-arch", "hopper"])
     assert exit_info.value.code == 2
-    assert "argument --gpu-arch: 'hopper': expected sm90, sm120 or a compute capability like 8.6" in \
-        capsys.readouterr().err
+    assert ("argument --gpu-arch: 'hopper' is not a GPU architecture; expected sm90, sm100, sm120 or a compute "
+            "capability like 9.0 or 12.0") in capsys.readouterr().err
 
 
 def test_missing_model_dir_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -281,6 +282,16 @@ def test_write_deploy_is_loaded_and_run_by_the_preflight(tmp_path: Path) -> None
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "test_fp8_block_alignment[MiniMax-M2.5-tp4-kvfp8] PASSED" in result.stdout
     assert "test_vllm_load_rules[MiniMax-M2.5-dp2-tp2-kvfp8] PASSED" in result.stdout
+
+
+def test_write_deploy_to_a_directory_is_refused_before_planning(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(MINIMAX), "--gpus", "8xRTX-PRO-6000", "--write-deploy", str(tmp_path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # refused before the plan was made
+    assert captured.err == (f"gpuready plan: --write-deploy {tmp_path}: is a directory; expected a file path (a new "
+                            "or regular file), - for standard output, a character device or a FIFO\n")
+    assert os.listdir(tmp_path) == []
 
 
 def test_module_entry_point_runs() -> None:
@@ -332,3 +343,51 @@ def test_plan_on_a_probe_without_compute_capability(standin: Callable[[str], Pat
     assert "no layout is known to work; 1 undecided: pass --gpu-arch SM" in out
     assert main(["plan", str(model_dir), "--vllm-version", "0.32.0", "--gpu-arch", "sm90"]) == 0
     assert capsys.readouterr().out.splitlines()[4].split()[1:6] == ["TP=1", "KV", "fp8", "0", "works"]
+
+
+# ---------------------------------------------------------------- NVFP4 KV cache
+
+def test_nvfp4_kv_is_sized_as_vllm_packs_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--kv-cache-dtype nvfp4`` on GQA attention: per head and token, ``head_dim // 2`` bytes of
+    FP4 data and ``head_dim // 16`` FP8 scales (vLLM's ``nvfp4_kv_cache_full_dim``): Llama-3.1-8B
+    (head_dim 128) takes 72 bytes per KV head where bf16 takes 256."""
+    from pytest_gpuready.model.checks import kv_cache_bytes_per_token
+
+    llama = config_model("meta-llama__Llama-3.1-8B")
+    assert kv_cache_bytes_per_token(llama, 8, "nvfp4") == 2 * 32 * 1 * (64 + 8)
+    assert kv_cache_bytes_per_token(llama, 8, "auto") == 2 * 32 * 1 * 128 * 2
+    model_dir = tmp_path / "Llama-3.1-8B"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text((CONFIGS / "meta-llama__Llama-3.1-8B.json").read_text())
+    assert main(["plan", str(model_dir), "--gpus", "8xH100-80GB", "--kv-cache-dtype", "nvfp4"]) == 0
+    out = capsys.readouterr().out
+    assert "Traceback" not in out
+    assert " TP=8 KV nvfp4 " in out
+
+
+def test_an_nvfp4_kv_page_not_modelled_is_an_undecided_memory_verdict(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Where vLLM's page layout for the KV dtype is not read (nvfp4 on an MLA latent; the sparse-MLA
+    layout on GQA attention), the memory verdict is undecided and says why: never a traceback."""
+    kimi = config_model("nvidia__Kimi-K2.5-NVFP4")
+    llama = config_model("meta-llama__Llama-3.1-8B")
+    snapshot = preset_snapshot(*parse_gpus("8xB200"))
+    for model, kv, why in ((kimi, "nvfp4", "the KV page of --kv-cache-dtype nvfp4 on an MLA model"),
+                           (llama, "nvfp4_ds_mla", "nvfp4_ds_mla is a DeepSeek sparse-MLA page layout")):
+        rows = plan_layouts(model, snapshot, model_path="m", kv_cache_dtypes=[kv], fold=False)
+        memory = rows[0].memory
+        assert memory.needs is not None
+        assert not memory.ok
+        assert why in memory.summary
+        assert all(r.word("memory") == "?" for r in rows)
+    # DeepSeek's sparse-MLA page with NVFP4: 352 bytes per token per layer (vLLM's mla_attention.py)
+    rows = plan_layouts(config_model("deepseek-ai__DeepSeek-V3.2"), snapshot, model_path="m",
+                        kv_cache_dtypes=["nvfp4_ds_mla"], fold=False)
+    sized = [r for r in rows if r.memory.needs is None]
+    assert sized
+    assert all(r.memory_figure("kv_bytes_per_token") == -(-61 // r.layout.pp) * 352 for r in sized)
+    model_dir = tmp_path / "Kimi"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text((CONFIGS / "nvidia__Kimi-K2.5-NVFP4.json").read_text())
+    assert main(["plan", str(model_dir), "--gpus", "8xB200", "--kv-cache-dtype", "nvfp4"]) in (0, 1)
+    assert "Traceback" not in capsys.readouterr().out

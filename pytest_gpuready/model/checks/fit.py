@@ -135,7 +135,9 @@ def memory_fit(model: ModelSpec, snapshot: HostSnapshot, args: ServeArgs, *, gpu
     (the sampler warm-up, CUDA graphs where not counted) must fit outside the budget, else it fails
     as vLLM does: ``CUDA out of memory occurred when warming up sampler with N dummy requests``. A
     vLLM version the accounting does not cover is *undecided*, naming the range it covers.
-    ``speculative`` adds a draft's memory (:class:`memory.SpeculativeSettings`).
+    ``speculative`` adds a draft's memory (:class:`memory.SpeculativeSettings`); without it, the
+    serve arguments' ``--speculative-config`` is read (:func:`memory.speculative_settings`), and
+    what the config cannot size (a separate draft model's weights) is a warning of the verdict.
     """
     weights = model.weights
     if weights is not None and not weights.sized:
@@ -173,6 +175,13 @@ def memory_fit(model: ModelSpec, snapshot: HostSnapshot, args: ServeArgs, *, gpu
                    f"{memory.NEWEST_READ[0]}.{memory.NEWEST_READ[1]} (--vllm-version), the range the "
                    "memory accounting models"), rule_set=f"no memory rule set covers vLLM {version}")
     kv = effective_kv_cache_dtype(model, args.kv_cache_dtype, version)
+    unsized = memory.kv_unsized_reason(model, kv.name)
+    if unsized is not None:
+        evidence["kv_cache_dtype"] = kv.name
+        return Verdict.undecided(
+            f"{model.name} at {layout}: memory fit undecided: {unsized}", evidence=evidence,
+            needs=("a --kv-cache-dtype whose KV page the memory model sizes (auto, bfloat16, float16, fp8*, "
+                   "nvfp4 on GQA attention, fp8_ds_mla or nvfp4_ds_mla on MLA)"), rule_set=MEMORY_RULES)
     errors: list[str] = []
     warnings: list[str] = list(length_verdict.warnings)
     per_gpu: list[dict[str, Any]] = []
@@ -210,10 +219,17 @@ def memory_plan(model: ModelSpec, total_bytes: int, args: ServeArgs, *, version:
     """:func:`memory.plan_memory` for ``args`` with the KV dtype resolved as vLLM resolves it;
     ``reserve_gib`` replaces the non-weight terms by one fixed figure."""
     kv = effective_kv_cache_dtype(model, args.kv_cache_dtype, version)
+    said: tuple[str, ...] = ()
+    unknowns: tuple[str, ...] = ()
+    if speculative is None and args.speculative_config is not None:
+        speculative, line, unknowns = memory.speculative_settings(model, args.speculative_config, args.tp)
+        said = (line,)
     plan = memory.plan_memory(model, total_bytes, replace(args, kv_cache_dtype=kv.name),
                               kv_dtype_bytes=kv_dtype_bytes(model, kv.name, args.dtype) if kv.name != "fp8_ds_mla"
                               else 1, fp8_ds_mla=kv.name == "fp8_ds_mla", version=version, gpu_name=gpu_name,
                               speculative=speculative)
+    if said or unknowns:
+        plan = replace(plan, notes=(*plan.notes, *said, *unknowns), unknowns=unknowns)
     if reserve_gib is None:
         return plan
     weights = plan.terms[0]
@@ -259,6 +275,7 @@ def memory_verdict(model: ModelSpec, plan: memory.MemoryPlan, layout: str, kv: K
                      "terms": {t.name: {"bytes": t.bytes, "how": t.how} for t in plan.terms},
                      "weights_read_from": model.weights.read_from if model.weights else "derived from config.json"})
     details = [*plan.lines(), f"KV-cache dtype: {kv.reason}"]
+    warnings.extend(plan.unknowns)
     weights = model.weights or derived_weights_for(model)
     if not weights.from_headers:
         warnings.append(f"{model.name}: weights {weights.provenance()}")

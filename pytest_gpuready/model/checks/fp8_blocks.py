@@ -5,9 +5,9 @@ from __future__ import annotations
 import fnmatch
 import math
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import partial
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache, partial
 from typing import Any
 
 from pytest_gpuready.model.backends import (
@@ -82,6 +82,34 @@ def _matches(pattern: str, name: str) -> bool:
     return name == pat or name.startswith(pat + ".") or name.endswith("." + pat)
 
 
+@lru_cache(maxsize=64)
+def _exclusions(patterns: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether a module name is excluded, :func:`_matches` over ``patterns`` without the loop: a
+    plain dotted pattern matches the name, a dotted prefix or a dotted suffix of it, and a plain
+    word any of its parts, so those are set look-ups; wildcards and ``re:`` are tried in turn."""
+    dotted, words, others = set(), set(), []
+    for pattern in patterns:
+        pat = _normalise(pattern)
+        if pattern.startswith("re:") or any(ch in pat for ch in "*?["):
+            others.append(pattern)
+        elif "." in pat:
+            dotted.add(pat)
+        else:
+            words.add(pat)
+
+    def excluded(name: str) -> bool:
+        parts = name.split(".")
+        if words.intersection(parts):
+            return True
+        ends = (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+        starts = (".".join(parts[i:]) for i in range(1, len(parts)))
+        if any(end in dotted for end in ends) or any(start in dotted for start in starts):
+            return True
+        return any(_matches(p, name) for p in others)
+
+    return excluded
+
+
 FUSED_SHARDS: dict[str, tuple[tuple[str, ...], ...]] = {
     "self_attn.qkv_proj": (("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),),
     "mlp.gate_up_proj": (("mlp.gate_proj", "mlp.up_proj"),),
@@ -101,9 +129,16 @@ def quantized_layers(model: ModelSpec, module: str, layers: Sequence[int]) -> li
     patterns = model.quantization.excluded_modules if model.quantization else ()
     if not patterns:
         return list(layers)
+    return list(_quantized_layers(patterns, module, tuple(layers)))
 
-    def excluded(name: str) -> bool:
-        return any(_matches(p, name) for p in patterns)
+
+@lru_cache(maxsize=1024)
+def _quantized_layers(patterns: tuple[str, ...], module: str, layers: tuple[int, ...]) -> tuple[int, ...]:
+    """:func:`quantized_layers`, kept: a ModelOpt checkpoint lists ~700 excluded modules, each
+    matched against every layer's name, and the FP8 rule asks again for each TP it tries (the
+    nearest that loads), so one layout cost seconds before this cache."""
+
+    excluded = _exclusions(patterns)
 
     def skipped(i: int) -> bool:
         if excluded(f"model.layers.{i}.{module}"):
@@ -111,7 +146,7 @@ def quantized_layers(model: ModelSpec, module: str, layers: Sequence[int]) -> li
         return any(all(excluded(f"model.layers.{i}.{shard}") for shard in shards)
                    for shards in FUSED_SHARDS.get(module, ()))
 
-    return [i for i in layers if not skipped(i)]
+    return tuple(i for i in layers if not skipped(i))
 
 
 def _row(module: str, layers: list[int], size: int, tp: int, block_k: int) -> Partition:
@@ -262,38 +297,54 @@ def fp8_partitions(model: ModelSpec, tp: int, ep: bool = False,
     return parts
 
 
-def _fp8_loads(model: ModelSpec, tp: int, ep: bool, version: VllmVersion | None,
-               capability: tuple[int, int] | None, dp: int = 1) -> bool:
+def _fp8_loads_for(model: ModelSpec) -> Callable[..., bool]:
+    """:func:`_fp8_loads_now` for ``model``, its answers kept per model: every failing layout asks
+    it for each TP around its own (the nearest that loads), and the matrix of layouts asks for the
+    same TPs again. The weights' sizes play no part (and hold mappings, which cannot be a key)."""
+    config_only = replace(model, weights=None) if model.weights is not None else model
+    try:
+        hash(config_only)
+    except TypeError:  # a spec built by hand with a mapping in it: judged afresh
+        return partial(_fp8_loads_now, model)
+    return partial(_fp8_loads_kept, config_only)
+
+
+def _fp8_loads_now(model: ModelSpec, tp: int, ep: bool, version: VllmVersion | None,
+                   capability: tuple[int, int] | None, dp: int = 1) -> bool:
     if not check_tp_divisibility(model, tp, ep=ep).ok:
         return False
     parts = fp8_partitions(model, tp, ep, version, compute_capability=capability, dp=dp)
     return not any(p.error or p.needs for p in parts)
 
 
+_fp8_loads_kept = lru_cache(maxsize=1 << 16)(_fp8_loads_now)
+
+
 def _nearest_loading(model: ModelSpec, tp: int, ep: bool, version: VllmVersion | None,
                      capability: tuple[int, int] | None, dp: int = 1) -> list[int]:
     """The nearest TP below ``tp`` that loads, and the nearest above it (up to 2 x TP): at TP=3,
     ``[2, 4]`` where both load (not the first power of two below, which may be far)."""
-    below = next((t for t in range(tp - 1, 0, -1) if _fp8_loads(model, t, ep, version, capability, dp)), None)
-    above = next((t for t in range(tp + 1, 2 * tp + 1) if _fp8_loads(model, t, ep, version, capability, dp)),
-                 None)
+    loads = _fp8_loads_for(model)
+    below = next((t for t in range(tp - 1, 0, -1) if loads(t, ep, version, capability, dp)), None)
+    above = next((t for t in range(tp + 1, 2 * tp + 1) if loads(t, ep, version, capability, dp)), None)
     return [t for t in (below, above) if t is not None]
 
 
 def _alternatives(model: ModelSpec, tp: int, ep: bool, version: VllmVersion | None,
                   capability: tuple[int, int] | None, dp: int = 1) -> list[str]:
     options = []
+    loads = _fp8_loads_for(model)
     nearest = _nearest_loading(model, tp, ep, version, capability, dp)
     if nearest:
         options.append(" or ".join(f"TP={t}" for t in nearest) + (" with --enable-expert-parallel" if ep else ""))
-    if not ep and model.is_moe and _fp8_loads(model, tp, True, version, capability, dp):
+    if not ep and model.is_moe and loads(tp, True, version, capability, dp):
         options.append(f"TP={tp} with --enable-expert-parallel")
     if version is not None and not FP8_MOE_REFINEMENT.is_new(version):
-        if _fp8_loads(model, tp, ep, None, max(capability or MIN_FP8_CAPABILITY, MIN_FP8_CAPABILITY), dp):
+        if loads(tp, ep, None, max(capability or MIN_FP8_CAPABILITY, MIN_FP8_CAPABILITY), dp):
             gpu = "" if capability is None or capability >= MIN_FP8_CAPABILITY else " on an SM89+ GPU"
             options.append(f"TP={tp} on vLLM >= 0.29{gpu} (re-grids the MoE block scales)")
     elif capability is not None and capability < MIN_FP8_CAPABILITY \
-            and _fp8_loads(model, tp, ep, version, MIN_FP8_CAPABILITY, dp):
+            and loads(tp, ep, version, MIN_FP8_CAPABILITY, dp):
         options.append(f"TP={tp} on an SM89+ GPU (Triton MoE takes the re-gridded blocks)")
     return options
 

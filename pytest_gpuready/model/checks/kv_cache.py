@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_gpuready.model import memory
 from pytest_gpuready.model.backends import (
     FP8_KV_DTYPES,
     MIN_FP8_CAPABILITY,
@@ -22,6 +23,8 @@ from pytest_gpuready.model.vllm_version import (
     VllmVersion,
 )
 from pytest_gpuready.verdict import Verdict
+
+NVFP4_KV_DTYPES = frozenset({"nvfp4", "nvfp4_ds_mla"})
 
 # ---------------------------------------------------------------- KV cache dtype and MLA backend
 
@@ -174,8 +177,8 @@ def kv_dtype_bytes(model: ModelSpec, kv_cache_dtype: str, dtype: str = "auto") -
         return 2
     if name in ("float32", "float"):
         return 4
-    if name in FP8_KV_DTYPES:
-        return 1
+    if name in FP8_KV_DTYPES or name in NVFP4_KV_DTYPES:
+        return 1  # stored as uint8 (STR_DTYPE_TO_TORCH_DTYPE); nvfp4 packs two per byte plus scales
     raise ValueError(f"KV-cache dtype {kv_cache_dtype!r}: its size per element is not modelled; "
                      "expected auto, bfloat16, float16 or an fp8 variant")
 
@@ -186,16 +189,11 @@ def kv_cache_bytes_per_token(model: ModelSpec, tp: int, kv_cache_dtype: str = "a
 
     GQA: ``2 x layers x max(1, kv_heads // tp) x head_dim x bytes``. MLA: ``layers x
     (kv_lora_rank + qk_rope_head_dim) x bytes``, not divided by TP (every rank stores the
-    latent); ``fp8_ds_mla`` pages are 656 bytes per token per layer. ``auto`` resolves through
+    latent); ``fp8_ds_mla`` pages are 656 bytes per token per layer, ``nvfp4_ds_mla`` 352, and
+    ``nvfp4`` takes ``head_dim // 2 + head_dim // 16`` bytes per head. ``auto`` resolves through
     the checkpoint's KV request first (Kimi-K2.5-NVFP4 -> fp8), then the served ``dtype``.
     """
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
     kv = effective_kv_cache_dtype(model, kv_cache_dtype).name
-    layers = model.num_layers
-    if model.is_mla:
-        if kv == "fp8_ds_mla":
-            return layers * 656
-        return layers * (model.mla_head_size or 0) * kv_dtype_bytes(model, kv, dtype)
-    heads_per_gpu = max(1, model.num_kv_heads // tp)
-    return 2 * layers * heads_per_gpu * model.head_dim * kv_dtype_bytes(model, kv, dtype)
+    return memory.kv_bytes_per_token(model, tp, kv_dtype_bytes(model, kv, dtype), kv_cache_dtype=kv)
