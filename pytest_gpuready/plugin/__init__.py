@@ -16,6 +16,8 @@
   fixtures and markers (a worker on the GPU host, ``--gpu-worker-python``);
 - :mod:`pytest_gpuready.plugin.model_fixtures`: model options, ``model_spec``, deploy file,
   ``fp8_block_alignment``, ``mla_kv_backend_supported``, ``deployment`` markers;
+- :mod:`pytest_gpuready.plugin.baseline_fixtures`: ``--gpuready-baseline`` and the comparison of
+  ``benchmark_serving``'s levels with the stored ones (the file, the table, the export);
 - :mod:`pytest_gpuready.plugin.server_fixtures`: ``vllm_server`` and ``benchmark_serving``;
 - :mod:`pytest_gpuready.plugin.report_collector`: ``--gpuready-report``, ``--gpuready-plot``, the
   terminal summary; it runs where every test report arrives (the xdist controller).
@@ -45,6 +47,7 @@ pytest_plugins = [
     "pytest_gpuready.plugin.health_fixtures",
     "pytest_gpuready.plugin.two_gpu_fixtures",
     "pytest_gpuready.plugin.model_fixtures",
+    "pytest_gpuready.plugin.baseline_fixtures",
     "pytest_gpuready.plugin.server_fixtures",
     "pytest_gpuready.plugin.report_collector",
 ]

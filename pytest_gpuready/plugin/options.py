@@ -36,6 +36,7 @@ from pytest_gpuready.model.backends import parse_gpu_arch
 from pytest_gpuready.model.vllm_version import VllmVersion, parse_vllm_version
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.settings import Setting, setting
+from pytest_gpuready.serve.compare import METRIC_BY_NAME, parse_tolerances
 
 # ---------------------------------------------------------------- hosts (host_fixtures)
 
@@ -154,6 +155,33 @@ GPUREADY_PLOT = setting(
     "needs the plot extra (matplotlib).",
     metavar="DIR", note="(the `plot` extra)")
 
+# ---------------------------------------------------------------- baselines (baseline_fixtures)
+
+def _parse_tolerances(text: str) -> dict[str, float] | None:
+    return parse_tolerances(text) if text.strip() else None
+
+
+GPUREADY_BASELINE = setting(
+    "gpuready_baseline", s.parse_optional_str, None,
+    "Compare every benchmark_serving level with the one stored in this JSON file (per test, server "
+    "and concurrency, with the key that makes it comparable); docs/fixtures/benchmark_serving.md.",
+    metavar="PATH")
+GPUREADY_BASELINE_SAVE = setting(
+    "gpuready_baseline_save", s.parse_bool, False,
+    "Write this run's benchmark levels into the --gpuready-baseline file (new levels, and levels whose "
+    "key changed, are stored; a regressed or throttled level is not).",
+    is_flag=True)
+GPUREADY_COMPARE_FAIL = setting(
+    "gpuready_compare_fail", _parse_tolerances, None,
+    "Tolerance per metric before a level regresses, e.g. output_tok_s:5%,ttft_p99:20% (a bare 15% sets "
+    "all; default 10% each). Metrics: " + ", ".join(METRIC_BY_NAME) + ".",
+    metavar="METRIC:PERCENT,...", shown_default="10% per metric")
+GPUREADY_GITHUB_BENCHMARK = setting(
+    "gpuready_github_benchmark", s.parse_optional_str, None,
+    "Write every benchmark level as github-action-benchmark JSON into this directory: "
+    "bigger-is-better.json (tool customBiggerIsBetter) and smaller-is-better.json (customSmallerIsBetter).",
+    metavar="DIR")
+
 # ---------------------------------------------------------------- who registers what
 
 HOST_SETTINGS: tuple[Setting[Any], ...] = (
@@ -164,7 +192,9 @@ TWO_GPU_SETTINGS: tuple[Setting[Any], ...] = (GPU_WORKER_PYTHON,)
 MODEL_SETTINGS: tuple[Setting[Any], ...] = (GPUREADY_MODEL, GPUREADY_CONFIG, VLLM_VERSION, GPU_ARCH)
 SERVER_SETTINGS: tuple[Setting[Any], ...] = (VLLM_CMD, VLLM_READY_TIMEOUT, VLLM_URL)
 REPORT_SETTINGS: tuple[Setting[Any], ...] = (GPUREADY_REPORT, GPUREADY_JSON, GPUREADY_PLOT)
+BASELINE_SETTINGS: tuple[Setting[Any], ...] = (GPUREADY_BASELINE, GPUREADY_BASELINE_SAVE, GPUREADY_COMPARE_FAIL,
+                                               GPUREADY_GITHUB_BENCHMARK)
 
 ALL_SETTINGS: tuple[Setting[Any], ...] = (HOST_SETTINGS + TWO_GPU_SETTINGS + MODEL_SETTINGS + SERVER_SETTINGS
-                                          + REPORT_SETTINGS)
+                                          + REPORT_SETTINGS + BASELINE_SETTINGS)
 """Every option, in the order of ``pytest --help`` and of the README's options table."""

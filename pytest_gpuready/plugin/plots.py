@@ -1,7 +1,9 @@
 """``--gpuready-plot DIR``: PNGs a person reads at a glance, drawn from the JSON report's document.
 
 - ``throughput.png``: output tokens/s (log axis, each required minimum drawn) and mean TTFT (p99
-  dashed) against concurrency, one line per deployment and host;
+  dashed) against concurrency, one line per deployment and host; with ``--gpuready-baseline``, the
+  baseline's rounds as a band behind the current points (its lowest to highest round, its median
+  dotted) on the throughput side;
 - ``gpu-memory.png``: each GPU's memory, stacked: weights, KV cache, other, free (GiB). A GPU a
   server of the run used gets vLLM's own split (``Model loading took X GiB``, ``Available KV cache
   memory``; other = what the driver showed used beyond those); any other GPU of a probed host
@@ -66,6 +68,19 @@ def _pyplot() -> Any:
     return plt
 
 
+def baseline_band(benchmarks: Sequence[Mapping[str, Any]]) -> dict[int, tuple[float, float, float]]:
+    """Concurrency -> (lowest, median, highest) output tok/s over the baseline's rounds."""
+    band: dict[int, tuple[float, float, float]] = {}
+    for bench in benchmarks:
+        for level in (bench.get("comparison") or {}).get("levels") or []:
+            rounds = sorted((level.get("baseline_samples") or {}).get("output_tok_s") or [])
+            if rounds:
+                middle = rounds[len(rounds) // 2] if len(rounds) % 2 else (rounds[len(rounds) // 2 - 1] +
+                                                                           rounds[len(rounds) // 2]) / 2
+                band[int(level["concurrency"])] = (float(rounds[0]), float(middle), float(rounds[-1]))
+    return band
+
+
 @dataclass(frozen=True)
 class Threshold:
     """A ``min_output_tok_s`` a test required of a series at one concurrency, and whether it held."""
@@ -108,12 +123,15 @@ def throughput_figure(document: Mapping[str, Any]) -> Any:
 
     Throughput is on a log axis (a failing 77 tok/s point next to 19,333 must not sit on zero), and
     each required ``min_output_tok_s`` is drawn where it applies: a bar in the series' colour,
-    a red cross through it where the measurement fell short.
+    a red cross through it where the measurement fell short. With a baseline comparison, the
+    baseline's rounds are a band behind the series (lowest to highest round, the median dotted).
     """
     series: dict[str, list[Mapping[str, Any]]] = {}
+    benches: dict[str, list[Mapping[str, Any]]] = {}
     for bench in document.get("benchmarks") or []:
         label = f"{bench.get('server')} @ {bench.get('host') or 'local'}"
         series.setdefault(label, []).extend(bench.get("levels") or [])
+        benches.setdefault(label, []).append(bench)
     if not series:
         return None
     thresholds = throughput_thresholds(document)
@@ -125,6 +143,13 @@ def throughput_figure(document: Mapping[str, Any]) -> Any:
         x = [int(p["max_concurrency"]) for p in points]
         levels_seen.update(x)
         colour = f"C{index % 10}"
+        band = baseline_band(benches[label])
+        if band:
+            shown = sorted(band)
+            tput.fill_between(shown, [band[c][0] for c in shown], [band[c][2] for c in shown], color=colour,
+                              alpha=0.18, linewidth=0, label=f"{label}, baseline rounds")
+            tput.plot(shown, [band[c][1] for c in shown], linestyle=":", color=colour,
+                      label=f"{label}, baseline median")
         tput.plot(x, [float(p["output_throughput"]) for p in points], marker="o", color=colour, label=label)
         required = [th for th in thresholds if th.label == label]
         if required:

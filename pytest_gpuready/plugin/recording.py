@@ -67,17 +67,21 @@ def record(config: pytest.Config, name: str, value: object) -> None:
 
 
 def add_report_entry(config: pytest.Config, section: str, entry: Mapping[str, Any], *,
-                     host: str | None = None) -> None:
+                     host: str | None = None) -> dict[str, Any] | None:
     """Add an entry to a section of the JSON report, tagged with the running test and its host.
 
     ``host`` names the host when it is not the running test's (a server of host A stopped while
-    pytest moves on to host B's tests).
+    pytest moves on to host B's tests). Returns the stored entry (None outside a test): what is
+    added to it before the phase's report is made goes out with it (a baseline comparison that
+    the test asserts later).
     """
     item = config.stash.get(CURRENT_ITEM_KEY, None)
     if item is None:
-        return
+        return None
     tagged = {"test": item.nodeid, "host": host if host is not None else host_of_item(item), **entry}
-    item.stash.setdefault(_ENTRIES_KEY, []).append((section, plain(tagged)))
+    stored: dict[str, Any] = plain(tagged)
+    item.stash.setdefault(_ENTRIES_KEY, []).append((section, stored))
+    return stored
 
 
 def deployment_of_item(item: pytest.Item) -> str | None:

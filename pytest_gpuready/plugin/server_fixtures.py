@@ -33,13 +33,15 @@ import pytest
 
 from pytest_gpuready.errors import ConfigError, GpuReadyError, GpuReadyWarning
 from pytest_gpuready.host.clock_events import ClockEventSampler
+from pytest_gpuready.host.snapshot import HostSnapshot
 from pytest_gpuready.host.xid_watch import XidRecord, XidWatcher
 from pytest_gpuready.model.deploy_config import Deployment, Throughput
+from pytest_gpuready.plugin import baseline_fixtures as baseline
 from pytest_gpuready.plugin import settings as s
-from pytest_gpuready.plugin.host_session import HostSession
+from pytest_gpuready.plugin.host_session import HOST_REGISTRY_KEY, HostSession
 from pytest_gpuready.plugin.model_fixtures import SKIP_NO_DEPLOY_FILE, deploy_config_of
 from pytest_gpuready.plugin.options import SERVER_SETTINGS, VLLM_CMD, VLLM_READY_TIMEOUT, VLLM_URL
-from pytest_gpuready.plugin.recording import add_report_entry, record
+from pytest_gpuready.plugin.recording import CURRENT_ITEM_KEY, add_report_entry, record
 from pytest_gpuready.serve.bench import BenchResult, ServerGoneError, XidDuringBenchmarkError, run_benchmark
 from pytest_gpuready.serve.pool import ServerPool
 from pytest_gpuready.serve.server import ServerError, TeardownReport, VLLMServer
@@ -291,11 +293,14 @@ def _context(server: VLLMServer) -> str:
 class ServingBenchmark:
     """A benchmark's result and the threshold assertions on it (each fails the test with the evidence)."""
 
-    def __init__(self, result: BenchResult, server: VLLMServer, config: pytest.Config) -> None:
+    def __init__(self, result: BenchResult, server: VLLMServer, config: pytest.Config,
+                 comparison: baseline.BenchComparison | None = None) -> None:
         self.result = result
         self.server = server
         self.context = _context(server)
         self._config = config
+        self.comparison = comparison
+        """The levels against ``--gpuready-baseline`` (None without one)."""
 
     def _expect(self, verdict: Verdict, name: str) -> Verdict:
         __tracebackhide__ = True
@@ -331,6 +336,24 @@ class ServingBenchmark:
         verdict = check_latency(self.result, concurrency, metric, max_ms, self.context, stat)
         return self._expect(self._throttle_noted(verdict, concurrency), f"{stat}_{metric}_c{concurrency}")
 
+    def expect_no_regression(self, tolerance: str | float | None = None,
+                             **metrics: str | float) -> list[baseline.LevelComparison]:
+        """Every level no worse than its ``--gpuready-baseline`` level: ``tolerance`` for every metric
+        (``"5%"`` or ``0.05``), ``output_tok_s="5%"``, ``ttft_p99="20%"``... per metric; these win over
+        ``--gpuready-compare-fail``, whose values win over the default 10%. Skips without a baseline.
+        """
+        __tracebackhide__ = True
+        bad: str | None = None
+        try:
+            per_test = baseline.tolerances_of(tolerance, metrics)
+        except ValueError as exc:
+            bad = f"expect_no_regression: {exc}"
+        if bad is not None:
+            pytest.fail(bad, pytrace=False)
+        if self.comparison is None:
+            pytest.skip("no baseline to compare with: pass --gpuready-baseline PATH")
+        return self.comparison.expect(per_test)
+
     def expect_no_failed_requests(self) -> Verdict:
         __tracebackhide__ = True
         return self._expect(check_no_failed_requests(self.result, self.context), "no_failed_requests")
@@ -351,20 +374,48 @@ class ServingBenchmark:
 BenchmarkServing = Callable[..., ServingBenchmark]
 
 
+def _snapshot_for_baseline(session: HostSession | None) -> HostSnapshot | None:
+    """The host's last snapshot (its GPUs key the baseline and pick the clock-event reader), probed if
+    there is none yet; None when the host cannot be probed (the key then says ``no GPU``)."""
+    if session is None:
+        return None
+    if session.latest is not None:
+        return session.latest
+    try:
+        return session.snapshot()
+    except GpuReadyError:
+        return None
+
+
+def _session_of(config: pytest.Config, server: VLLMServer) -> HostSession | None:
+    """The host session whose pool handed out ``server`` (its snapshot keys a baseline)."""
+    registry = config.stash.get(HOST_REGISTRY_KEY, None)
+    for name, pool in config.stash.get(POOL_KEY, {}).items():
+        if registry is not None and name in registry and any(kept is server for kept in pool.servers.values()):
+            return registry[name]
+    return None
+
+
 @pytest.fixture
 def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
     """Run :func:`run_benchmark` against a server: ``bench = benchmark_serving(server, concurrency=[1, 64])``.
 
     Returns a :class:`ServingBenchmark` with ``expect_output_throughput`` / ``expect_latency`` /
-    ``expect_thresholds``; the figures are recorded as JUnit properties and in the JSON report.
+    ``expect_thresholds`` / ``expect_no_regression``; the figures are recorded as JUnit properties
+    and in the JSON report. ``rounds`` measures each level that many times (default 7 with
+    ``--gpuready-baseline``, whose comparison is asserted at the end of the test, else 1).
     Failed requests fail the test unless ``allow_failed_requests=True``.
     """
 
     def run(server: VLLMServer, concurrency: Sequence[int] | int = (1, 8, 64), *,
-            allow_failed_requests: bool = False, **kwargs: Any) -> ServingBenchmark:
+            allow_failed_requests: bool = False, rounds: int | None = None, **kwargs: Any) -> ServingBenchmark:
         __tracebackhide__ = True
         failure: str | None = None
         alive = None if server.is_attached else server.is_alive
+        state = baseline.state_of(pytestconfig)
+        host = server.host
+        session = _session_of(pytestconfig, server)
+        snapshot = _snapshot_for_baseline(session) if state.active else None
         try:
             gpus = server.spec.gpus
             kwargs.setdefault("clock_events", lambda: ClockEventSampler(server.host, gpus=gpus))
@@ -376,7 +427,8 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
 
             kwargs.setdefault("xid_watch", xid_watch)
             try:
-                result = run_benchmark(server.url, server.model_name, concurrency, alive=alive, **kwargs)
+                result = run_benchmark(server.url, server.model_name, concurrency, alive=alive,
+                                       rounds=baseline.rounds_for(pytestconfig, rounds), **kwargs)
             finally:
                 note_xid_watch(pytestconfig, watchers[0].record if watchers else None)
         except XidDuringBenchmarkError as exc:
@@ -410,12 +462,22 @@ def benchmark_serving(pytestconfig: pytest.Config) -> BenchmarkServing:
                                "ran narrower or slower than it may (a narrower slot, a riser, a degraded link)")
                     record(pytestconfig, f"{prefix}.pcie.gpu{gpu}", link)
                     warnings.warn(message, GpuReadyWarning, stacklevel=2)
-        add_report_entry(pytestconfig, "benchmarks", {"server": server.describe(), "context": _context(server),
-                                                      **result.to_dict()})
+        entry = add_report_entry(pytestconfig, "benchmarks", {"server": server.describe(),
+                                                              "context": _context(server), **result.to_dict()})
         write = _terminal_writer(pytestconfig)
         for line in result.table().splitlines():
             write(line)
-        measured = ServingBenchmark(result, server, pytestconfig)
+        comparison = None
+        if state.active:
+            occurrence = baseline.next_occurrence(pytestconfig, server.describe())
+            item = pytestconfig.stash.get(CURRENT_ITEM_KEY, None)
+            levels = baseline.measured_levels(
+                result, item.nodeid if item is not None else "", server.describe(), occurrence, server.spec,
+                snapshot, host, server.ready.vllm_version if server.ready is not None else None)
+            comparison = baseline.BenchComparison(pytestconfig, server.describe(), levels,
+                                                  baseline.on_gpu(snapshot, server.spec), entry)
+            baseline.start_comparison(pytestconfig, comparison)
+        measured = ServingBenchmark(result, server, pytestconfig, comparison)
         if not allow_failed_requests:
             measured.expect_no_failed_requests()
         return measured

@@ -125,7 +125,8 @@ def add_settings(parser: pytest.Parser, settings: Sequence[Setting[Any]]) -> Non
     """Register each setting's command-line option and ini key in the ``gpuready`` group."""
     group = parser.getgroup(GROUP_NAME, GROUP_DESCRIPTION)
     for setting in settings:
-        help_text = f"{setting.help} Env: {setting.env}; ini: {setting.ini}."
+        # argparse %-formats option help: a literal percent sign (a tolerance of 5%) is written %%
+        help_text = f"{setting.help} Env: {setting.env}; ini: {setting.ini}.".replace("%", "%%")
         if setting.is_flag:
             group.addoption(setting.flag, dest=setting.dest, action="store_const", const="true",
                             default=None, help=help_text)

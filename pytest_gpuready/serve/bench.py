@@ -40,6 +40,7 @@ DEFAULT_CONCURRENCY = (1, 8, 64)
 DEFAULT_PROMPT_TOKENS = 256
 DEFAULT_OUTPUT_TOKENS = 128
 DEFAULT_WARMUP = 2
+MAX_ROUNDS = 50
 MILLISECONDS = 1000.0
 
 # Text whose tokens make up the prompts' vocabulary (random draws from its token ids).
@@ -156,7 +157,20 @@ class BenchResult:
     prompt_mode: str
     """``token_ids`` (exact lengths) or ``text`` (the server's /tokenize was not available)."""
     levels: tuple[LevelResult, ...]
+    """Per concurrency, every round's requests taken together (throughput over the rounds' summed time)."""
     warmup: int = 0
+    rounds: tuple[tuple[LevelResult, ...], ...] = ()
+    """Per concurrency (in the order of ``levels``), each round on its own: the samples a baseline
+    comparison ranks. Empty for results built by hand."""
+    requests: tuple[int, ...] = ()
+    """Requests per round at each concurrency (in the order of ``levels``)."""
+
+    def rounds_at(self, concurrency: int) -> tuple[LevelResult, ...]:
+        """Each round at ``concurrency`` (the pooled level alone when rounds were not kept)."""
+        for index, level in enumerate(self.levels):
+            if level.concurrency == concurrency:
+                return self.rounds[index] if index < len(self.rounds) else (level,)
+        return ()
 
     def at(self, concurrency: int) -> LevelResult:
         for level in self.levels:
@@ -169,7 +183,9 @@ class BenchResult:
         return {
             "url": self.url, "model": self.model, "prompt_tokens": self.prompt_tokens,
             "output_tokens": self.output_tokens, "prompt_mode": self.prompt_mode, "warmup": self.warmup,
-            "levels": [level.to_dict() for level in self.levels],
+            "levels": [{**level.to_dict(), "rounds": len(self.rounds_at(level.concurrency)),
+                        "requests_per_round": self.requests[index] if index < len(self.requests) else None}
+                       for index, level in enumerate(self.levels)],
         }
 
     def table(self) -> str:
@@ -423,8 +439,14 @@ def run_benchmark(
     alive: Callable[[], bool] | None = None,
     clock_events: Callable[[], ClockEventSampler] | None = None,
     xid_watch: Callable[[], XidWatcher] | None = None,
+    rounds: int = 1,
 ) -> BenchResult:
     """Measure ``model`` at ``url`` at each concurrency; raise :class:`BenchmarkError` if nothing succeeds.
+
+    ``rounds``: each level is measured that many times in a row (``requests`` each): the rounds
+    are what a baseline comparison ranks (:mod:`pytest_gpuready.serve.compare`); ``levels`` pools
+    them. ``around_level(concurrency)`` is entered around each level's rounds (the plugin samples
+    the GPUs' clock-event reasons there).
 
     ``requests``: requests per concurrency level: one number for all, a mapping concurrency -> count,
     or None for ``max(16, 4 x concurrency)``. ``warmup`` requests run first (at up to the largest
@@ -446,6 +468,8 @@ def run_benchmark(
         raise ValueError(f"concurrency {concurrency!r}: expected whole numbers >= 1")
     if prompt_tokens < 1 or output_tokens < 1:
         raise ValueError(f"prompt_tokens and output_tokens must be >= 1, got {prompt_tokens}, {output_tokens}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or not 1 <= rounds <= MAX_ROUNDS:
+        raise ValueError(f"rounds {rounds!r}: expected a whole number from 1 to {MAX_ROUNDS}")
     base = url.rstrip("/")
     endpoint = Endpoint.parse(base)
     with requests_lib.Session() as session:
@@ -459,16 +483,28 @@ def run_benchmark(
             errors = "; ".join(dict.fromkeys(o.error or "?" for o in warm))
             raise BenchmarkError(f"benchmark of {model} at {base}: every warm-up request failed: {errors}")
     levels: list[LevelResult] = []
+    per_round: list[tuple[LevelResult, ...]] = []
+    counts: list[int] = []
     for level in levels_wanted:
         count = _requests_for(requests, level)
         if alive is not None and not alive():
             raise ServerGoneError(f"the server's process is gone before concurrency {level}", 0, 0)
+        pooled: list[RequestOutcome] = []
+        duration_total = 0.0
+        results: list[LevelResult] = []
         sampler = clock_events().start() if clock_events is not None else None
         watcher = xid_watch().start() if xid_watch is not None else None
         try:
-            outcomes, duration = _run_level(endpoint, model, prompts, concurrency=level,
-                                            requests_total=count, output_tokens=output_tokens,
-                                            timeout_s=timeout_s, extra_body=body, alive=alive)
+            for _ in range(rounds):
+                outcomes, duration = _run_level(endpoint, model, prompts, concurrency=level,
+                                                requests_total=count, output_tokens=output_tokens,
+                                                timeout_s=timeout_s, extra_body=body, alive=alive)
+                result = calculate_metrics(outcomes, duration, level)
+                results.append(result)
+                pooled.extend(outcomes)
+                duration_total += duration
+                if result.completed == 0:
+                    break
         except ServerGoneError as exc:
             gone_xids = watcher.stop() if watcher is not None else None
             if gone_xids is None or not gone_xids.seen:
@@ -478,15 +514,19 @@ def run_benchmark(
         finally:
             record = sampler.stop() if sampler is not None else None
             xids = watcher.stop() if watcher is not None else None
-        result = replace(calculate_metrics(outcomes, duration, level), clock_events=record, xids=xids)
+        pooled_result = results[0] if len(results) == 1 else calculate_metrics(pooled, duration_total, level)
+        result = replace(pooled_result, clock_events=record, xids=xids)
         if xids is not None and xids.seen:
             raise XidDuringBenchmarkError(f"{xids.failure(f'the benchmark level at concurrency {level}')}; "
                                           f"the benchmark stopped there", result)
-        if result.completed == 0:
+        if results[-1].completed == 0:
             raise BenchmarkError(f"benchmark of {model} at {base}: all {count} requests at concurrency "
-                                 f"{level} failed: {'; '.join(result.errors) or 'no error text'}")
+                                 f"{level} failed: {'; '.join(results[-1].errors) or 'no error text'}")
         levels.append(result)
-    return BenchResult(base, model, prompt_tokens, output_tokens, prompts.mode, tuple(levels), warmup)
+        per_round.append(tuple(results))
+        counts.append(count)
+    return BenchResult(base, model, prompt_tokens, output_tokens, prompts.mode, tuple(levels), warmup,
+                       tuple(per_round), tuple(counts))
 
 
 def _requests_for(requests_spec: int | Mapping[int, int] | None, level: int) -> int:

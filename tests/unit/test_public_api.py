@@ -63,6 +63,7 @@ def test_entry_point_is_the_plugin_package() -> None:
         "pytest_gpuready.plugin.health_fixtures",
         "pytest_gpuready.plugin.two_gpu_fixtures",
         "pytest_gpuready.plugin.model_fixtures",
+        "pytest_gpuready.plugin.baseline_fixtures",
         "pytest_gpuready.plugin.server_fixtures",
         "pytest_gpuready.plugin.report_collector",
     ]
