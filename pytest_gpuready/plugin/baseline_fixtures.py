@@ -1,8 +1,9 @@
 """Baseline options and the comparison of ``benchmark_serving`` results with the stored ones.
 
 ``--gpuready-baseline PATH`` compares every level a ``benchmark_serving`` call measures with the
-level stored under the same id (test, server, concurrency); ``--gpuready-baseline-save`` writes
-or updates the file from this run's levels; ``--gpuready-compare-fail output_tok_s:5%,...`` sets
+runs stored under the same id (test, server, concurrency); ``--gpuready-baseline-save`` adds this
+run's levels to the file as one more run each; ``--gpuready-baseline-min-runs N`` is how many runs
+a level needs before a change is called; ``--gpuready-compare-fail output_tok_s:5%,...`` sets
 the tolerances; ``--gpuready-github-benchmark DIR`` exports every level for
 github-action-benchmark. The decision per level is :mod:`pytest_gpuready.serve.regression`'s.
 
@@ -37,6 +38,7 @@ from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.options import (
     BASELINE_SETTINGS,
     GPUREADY_BASELINE,
+    GPUREADY_BASELINE_MIN_RUNS,
     GPUREADY_BASELINE_SAVE,
     GPUREADY_COMPARE_FAIL,
     GPUREADY_GITHUB_BENCHMARK,
@@ -46,6 +48,7 @@ from pytest_gpuready.plugin.summary import MAX_WIDTH, fit
 from pytest_gpuready.serve import baseline as store
 from pytest_gpuready.serve.bench import BenchResult
 from pytest_gpuready.serve.compare import (
+    DEFAULT_MIN_RUNS,
     HIGHER,
     METRIC_BY_NAME,
     METRICS,
@@ -72,6 +75,7 @@ class BaselineState:
     path: Path | None
     save: bool
     tolerances: dict[str, float] | None
+    min_runs: int = DEFAULT_MIN_RUNS
     levels: dict[str, store.StoredLevel] = field(default_factory=dict)
 
     @property
@@ -90,7 +94,7 @@ def pytest_configure(config: pytest.Config) -> None:
     save = bool(resolved["gpuready_baseline_save"])
     if save and path is None:
         raise pytest.UsageError("--gpuready-baseline-save: give the file with --gpuready-baseline PATH")
-    state = BaselineState(path, save, resolved["gpuready_compare_fail"])
+    state = BaselineState(path, save, resolved["gpuready_compare_fail"], resolved["gpuready_baseline_min_runs"])
     if path is not None:
         source = _source(config, GPUREADY_BASELINE)
         if path.exists():
@@ -216,7 +220,8 @@ class BenchComparison:
         self.finalized = False
         self.comparisons: list[LevelComparison] = self.judge(None)
 
-    def judge(self, per_test: Tolerances | None) -> list[LevelComparison]:
+    def judge(self, per_test: Tolerances | None, min_runs: int | None = None) -> list[LevelComparison]:
+        """Every level's verdict: ``per_test`` tolerances over the options', ``min_runs`` over the option's."""
         judged = []
         for measured in self.levels:
             if measured.key is None:
@@ -225,14 +230,17 @@ class BenchComparison:
                 continue
             judged.append(judge_level(measured.level, measured.concurrency, measured.key, measured.samples,
                                       measured.clock_events, self.state.levels.get(measured.level),
-                                      per_test, self.state.tolerances, on_gpu=self.on_gpu))
+                                      per_test, self.state.tolerances, on_gpu=self.on_gpu,
+                                      min_runs=min_runs if min_runs is not None else self.state.min_runs))
         return judged
 
     def saving(self, comparison: LevelComparison) -> bool:
-        """Whether this run stores the level: with --gpuready-baseline-save, unless it regressed or is invalid."""
+        """Whether this run is added to the level: with --gpuready-baseline-save, when it passed, had
+        nothing to compare with, or was undecided only for want of runs (how a baseline grows);
+        never a regressed, throttled or otherwise undecided level."""
         measured = next(m for m in self.levels if m.level == comparison.level)
-        return self.state.save and measured.key is not None and \
-            comparison.verdict in ("ok", "improved", "no baseline", "not comparable")
+        return self.state.save and measured.key is not None and (
+            comparison.verdict in ("ok", "improved", "no baseline", "not comparable") or comparison.growing)
 
     def failures(self) -> list[LevelComparison]:
         return [c for c in self.comparisons if not c.ok and not self.saving(c)]
@@ -246,10 +254,11 @@ class BenchComparison:
         lines += [f"  {c.line()}" for c in self.comparisons]
         return "\n".join(lines)
 
-    def expect(self, per_test: Tolerances | None) -> list[LevelComparison]:
-        """Judge with ``per_test`` tolerances (over the options'), record, fail unless every level passes."""
+    def expect(self, per_test: Tolerances | None, min_runs: int | None = None) -> list[LevelComparison]:
+        """Judge with ``per_test`` tolerances and ``min_runs`` (over the options'), record, fail unless
+        every level passes."""
         __tracebackhide__ = True
-        self.comparisons = self.judge(per_test)
+        self.comparisons = self.judge(per_test, min_runs)
         self.checked = True
         self.finalize()
         if self.failures():
@@ -283,7 +292,7 @@ class BenchComparison:
                 "key": measured.key.to_dict() if measured.key is not None else None,
                 "samples": measured.samples,
                 "clock_events": measured.clock_events.to_dict() if measured.clock_events is not None else None,
-                "baseline_samples": {k: list(v) for k, v in stored.samples.items()} if stored is not None else None,
+                "baseline_samples": stored.pooled() if stored is not None else None,
             })
         return {"baseline": str(self.state.path) if self.state.path else None, "save": self.state.save,
                 "levels": levels}
@@ -383,13 +392,18 @@ class BaselineCollector:
             for level in (bench.get("comparison") or {}).get("levels") or []:
                 if not level.get("saved") or level.get("key") is None:
                     continue
-                levels[str(level["level"])] = store.StoredLevel(
-                    store.ComparabilityKey.from_dict(level["key"]), level["samples"], store.now_iso(),
-                    level.get("clock_events"))
+                key = store.ComparabilityKey.from_dict(level["key"])
+                run = store.StoredRun(level["samples"], store.now_iso(), level.get("clock_events"))
+                kept = levels.get(str(level["level"]))
+                levels[str(level["level"])] = kept.with_run(key, run) if kept is not None else \
+                    store.StoredLevel(key, (run,))
                 saved += 1
         if saved:
             store.save(state.path, levels)
-        self.written.append(f"gpuready: baseline {state.path}: {saved} level{'' if saved == 1 else 's'} saved")
+        runs = sorted({len(levels[str(level["level"])].runs) for bench in self.benchmarks
+                       for level in (bench.get("comparison") or {}).get("levels") or [] if level.get("saved")})
+        held = f" (each now holds {'/'.join(map(str, runs))} of up to {store.MAX_RUNS_KEPT} runs)" if runs else ""
+        self.written.append(f"gpuready: baseline {state.path}: {saved} level{'' if saved == 1 else 's'} saved{held}")
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         rows = comparison_rows(self.benchmarks)
@@ -410,13 +424,15 @@ def _number(value: float | None, unit: str) -> str:
 
 
 def comparison_rows(benchmarks: Sequence[Mapping[str, Any]], width: int = MAX_WIDTH) -> list[tuple[str, bool]]:
-    """The table: test and server, level, metric, baseline, now, change, verdict (each line fits ``width``)."""
+    """The table: test and server, level, baseline runs, metric, baseline, now, change, verdict (each
+    line fits ``width``)."""
     body: list[tuple[list[str], bool]] = []
     for bench in benchmarks:
         for level in (bench.get("comparison") or {}).get("levels") or []:
             head = _headline(level.get("metrics") or [])
             test = str(bench.get("test", "")).rsplit("::", 1)[-1]
-            cells = [f"{test} {bench.get('server')}", f"c{level.get('concurrency')}"]
+            runs = int(level.get("baseline_runs") or 0)
+            cells = [f"{test} {bench.get('server')}", f"c{level.get('concurrency')}", str(runs) if runs else "-"]
             verdict = str(level.get("verdict")) + (", saved" if level.get("saved") else "")
             if head is not None:
                 change, metric = head.get("change"), METRIC_BY_NAME.get(str(head["metric"]))
@@ -429,15 +445,16 @@ def comparison_rows(benchmarks: Sequence[Mapping[str, Any]], width: int = MAX_WI
             body.append((cells, not level.get("ok") and not level.get("saved")))
     if not body:
         return []
-    header = ["test, server", "level", "metric", "baseline", "now", "change", "verdict"]
+    header = ["test, server", "level", "runs", "metric", "baseline", "now", "change", "verdict"]
     rows = [(header, False), *body]
-    widths = [max(len(r[0][i]) for r in rows) for i in range(7)]
+    columns = len(header)
+    widths = [max(len(r[0][i]) for r in rows) for i in range(columns)]
     # the test and server column gives way, so the figures and the verdict keep their room
-    widths[0] = max(12, min(widths[0], width - sum(widths[1:]) - 2 * 6))
+    widths[0] = max(12, min(widths[0], width - sum(widths[1:]) - 2 * (columns - 1)))
     lines = []
     for cells, bad in rows:
-        parts = [fit(cells[0], widths[0]).ljust(widths[0]), cells[1].ljust(widths[1]), cells[2].ljust(widths[2]),
-                 *(cells[i].rjust(widths[i]) for i in (3, 4, 5)), cells[6]]
+        parts = [fit(cells[0], widths[0]).ljust(widths[0]), cells[1].ljust(widths[1]), cells[2].rjust(widths[2]),
+                 cells[3].ljust(widths[3]), *(cells[i].rjust(widths[i]) for i in (4, 5, 6)), cells[7]]
         lines.append((fit("  ".join(parts), width), bad))
     return lines
 
@@ -510,6 +527,7 @@ __all__ = [
     "BASELINE_SETTINGS",
     "DEFAULT_BASELINE_ROUNDS",
     "GPUREADY_BASELINE",
+    "GPUREADY_BASELINE_MIN_RUNS",
     "GPUREADY_BASELINE_SAVE",
     "GPUREADY_COMPARE_FAIL",
     "GPUREADY_GITHUB_BENCHMARK",

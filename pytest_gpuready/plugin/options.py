@@ -36,7 +36,8 @@ from pytest_gpuready.model.backends import parse_gpu_arch
 from pytest_gpuready.model.vllm_version import VllmVersion, parse_vllm_version
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.settings import Setting, setting
-from pytest_gpuready.serve.compare import METRIC_BY_NAME, parse_tolerances
+from pytest_gpuready.serve.baseline import MAX_RUNS_KEPT
+from pytest_gpuready.serve.compare import DEFAULT_MIN_RUNS, METRIC_BY_NAME, parse_tolerances
 
 # ---------------------------------------------------------------- hosts (host_fixtures)
 
@@ -161,6 +162,16 @@ def _parse_tolerances(text: str) -> dict[str, float] | None:
     return parse_tolerances(text) if text.strip() else None
 
 
+def _parse_min_runs(text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_RUNS_KEPT:
+        raise ValueError(f"expected a whole number from 1 to {MAX_RUNS_KEPT} (the runs a baseline keeps)")
+    return value
+
+
 GPUREADY_BASELINE = setting(
     "gpuready_baseline", s.parse_optional_str, None,
     "Compare every benchmark_serving level with the one stored in this JSON file (per test, server "
@@ -168,9 +179,16 @@ GPUREADY_BASELINE = setting(
     metavar="PATH")
 GPUREADY_BASELINE_SAVE = setting(
     "gpuready_baseline_save", s.parse_bool, False,
-    "Write this run's benchmark levels into the --gpuready-baseline file (new levels, and levels whose "
-    "key changed, are stored; a regressed or throttled level is not).",
+    "Add this run's benchmark levels to the --gpuready-baseline file as one more run of each (the newest "
+    f"{MAX_RUNS_KEPT} are kept; a level whose key changed starts over; a regressed or throttled level is not "
+    "saved).",
     is_flag=True)
+GPUREADY_BASELINE_MIN_RUNS = setting(
+    "gpuready_baseline_min_runs", _parse_min_runs, DEFAULT_MIN_RUNS,
+    "Saved runs a baseline level needs before a change beyond the tolerance is called a regression "
+    "(fewer: undecided). From 3 the run-to-run spread is judged too; 1 or 2 accept the rank test over "
+    "rounds alone.",
+    metavar="N")
 GPUREADY_COMPARE_FAIL = setting(
     "gpuready_compare_fail", _parse_tolerances, None,
     "Tolerance per metric before a level regresses, e.g. output_tok_s:5%,ttft_p99:20% (a bare 15% sets "
@@ -192,7 +210,8 @@ TWO_GPU_SETTINGS: tuple[Setting[Any], ...] = (GPU_WORKER_PYTHON,)
 MODEL_SETTINGS: tuple[Setting[Any], ...] = (GPUREADY_MODEL, GPUREADY_CONFIG, VLLM_VERSION, GPU_ARCH)
 SERVER_SETTINGS: tuple[Setting[Any], ...] = (VLLM_CMD, VLLM_READY_TIMEOUT, VLLM_URL)
 REPORT_SETTINGS: tuple[Setting[Any], ...] = (GPUREADY_REPORT, GPUREADY_JSON, GPUREADY_PLOT)
-BASELINE_SETTINGS: tuple[Setting[Any], ...] = (GPUREADY_BASELINE, GPUREADY_BASELINE_SAVE, GPUREADY_COMPARE_FAIL,
+BASELINE_SETTINGS: tuple[Setting[Any], ...] = (GPUREADY_BASELINE, GPUREADY_BASELINE_SAVE,
+                                               GPUREADY_BASELINE_MIN_RUNS, GPUREADY_COMPARE_FAIL,
                                                GPUREADY_GITHUB_BENCHMARK)
 
 ALL_SETTINGS: tuple[Setting[Any], ...] = (HOST_SETTINGS + TWO_GPU_SETTINGS + MODEL_SETTINGS + SERVER_SETTINGS

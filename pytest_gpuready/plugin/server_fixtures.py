@@ -42,6 +42,7 @@ from pytest_gpuready.plugin.host_session import HOST_REGISTRY_KEY, HostSession
 from pytest_gpuready.plugin.model_fixtures import SKIP_NO_DEPLOY_FILE, deploy_config_of
 from pytest_gpuready.plugin.options import SERVER_SETTINGS, VLLM_CMD, VLLM_READY_TIMEOUT, VLLM_URL
 from pytest_gpuready.plugin.recording import CURRENT_ITEM_KEY, add_report_entry, record
+from pytest_gpuready.serve.baseline import MAX_RUNS_KEPT
 from pytest_gpuready.serve.bench import BenchResult, ServerGoneError, XidDuringBenchmarkError, run_benchmark
 from pytest_gpuready.serve.pool import ServerPool
 from pytest_gpuready.serve.server import ServerError, TeardownReport, VLLMServer
@@ -336,23 +337,27 @@ class ServingBenchmark:
         verdict = check_latency(self.result, concurrency, metric, max_ms, self.context, stat)
         return self._expect(self._throttle_noted(verdict, concurrency), f"{stat}_{metric}_c{concurrency}")
 
-    def expect_no_regression(self, tolerance: str | float | None = None,
+    def expect_no_regression(self, tolerance: str | float | None = None, *, min_runs: int | None = None,
                              **metrics: str | float) -> list[baseline.LevelComparison]:
-        """Every level no worse than its ``--gpuready-baseline`` level: ``tolerance`` for every metric
+        """Every level no worse than its ``--gpuready-baseline`` runs: ``tolerance`` for every metric
         (``"5%"`` or ``0.05``), ``output_tok_s="5%"``, ``ttft_p99="20%"``... per metric; these win over
-        ``--gpuready-compare-fail``, whose values win over the default 10%. Skips without a baseline.
+        ``--gpuready-compare-fail``, whose values win over the default 10%. ``min_runs`` wins over
+        ``--gpuready-baseline-min-runs``. Skips without a baseline.
         """
         __tracebackhide__ = True
         bad: str | None = None
         try:
             per_test = baseline.tolerances_of(tolerance, metrics)
+            if min_runs is not None and (isinstance(min_runs, bool) or not isinstance(min_runs, int)
+                                         or not 1 <= min_runs <= MAX_RUNS_KEPT):
+                raise ValueError(f"min_runs {min_runs!r}: expected a whole number from 1 to {MAX_RUNS_KEPT}")
         except ValueError as exc:
             bad = f"expect_no_regression: {exc}"
         if bad is not None:
             pytest.fail(bad, pytrace=False)
         if self.comparison is None:
             pytest.skip("no baseline to compare with: pass --gpuready-baseline PATH")
-        return self.comparison.expect(per_test)
+        return self.comparison.expect(per_test, min_runs)
 
     def expect_no_failed_requests(self) -> Verdict:
         __tracebackhide__ = True

@@ -2,15 +2,20 @@
 
 A baseline from another GPU, driver, vLLM version, model, serve setting or workload is no
 baseline, so every stored level carries its :class:`ComparabilityKey` and a comparison with a key
-that differs is refused in one line naming the part (pytest-benchmark only warns). The file is
-plain JSON (``format``, ``version``, ``levels``: id -> entry), written whole through a temporary
-file and renamed, so a reader never sees half of one.
+that differs is refused in one line naming the part (pytest-benchmark only warns).
+
+A level keeps the rounds of several runs (the newest :data:`MAX_RUNS_KEPT`): the spread between
+runs of an unchanged server is what a new run is judged against (:mod:`.spread`), and one run
+cannot show it. The file is plain JSON (``format``, ``version``, ``levels``: id -> ``{key, runs:
+[{samples, saved, clock_events}]}``), written whole through a temporary file and renamed, so a
+reader never sees half of one; a version-1 file (one run per level) is read as one run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shlex
 from collections.abc import Mapping, Sequence
@@ -25,7 +30,10 @@ from pytest_gpuready.host.hosts import Host
 from pytest_gpuready.serve.spec import ServeSpec, command_words
 
 FORMAT = "pytest-gpuready-baseline"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
+MAX_RUNS_KEPT = 10
+"""Runs a level keeps; saving an eleventh drops the oldest (a window that follows the deployment)."""
 MAX_BASELINE_BYTES = 64 * 1024 * 1024
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
@@ -150,38 +158,80 @@ def level_id(test: str, server: str, concurrency: int, occurrence: int = 1) -> s
 
 
 @dataclass(frozen=True)
-class StoredLevel:
-    """One level of a baseline file."""
+class StoredRun:
+    """One saved run of a level: every metric's value in each of its rounds."""
 
-    key: ComparabilityKey
     samples: Mapping[str, Sequence[float]]
     """Metric name -> its value in each round (:func:`pytest_gpuready.serve.compare.samples_of`)."""
     saved: str
     clock_events: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key.to_dict(), "samples": {k: list(v) for k, v in self.samples.items()},
-                "saved": self.saved, "clock_events": dict(self.clock_events) if self.clock_events else None}
+        return {"samples": {k: list(v) for k, v in self.samples.items()}, "saved": self.saved,
+                "clock_events": dict(self.clock_events) if self.clock_events else None}
+
+
+@dataclass(frozen=True)
+class StoredLevel:
+    """One level of a baseline file: its key and its runs, oldest first."""
+
+    key: ComparabilityKey
+    runs: tuple[StoredRun, ...]
+
+    @property
+    def samples(self) -> list[Mapping[str, Sequence[float]]]:
+        """Each run's samples, oldest first (what :func:`~pytest_gpuready.serve.compare.compare_samples` takes)."""
+        return [run.samples for run in self.runs]
+
+    def pooled(self) -> dict[str, list[float]]:
+        """Every run's rounds together, per metric (the plot's band)."""
+        pooled: dict[str, list[float]] = {}
+        for run in self.runs:
+            for name, values in run.samples.items():
+                pooled.setdefault(name, []).extend(values)
+        return pooled
+
+    def with_run(self, key: ComparabilityKey, run: StoredRun, keep: int = MAX_RUNS_KEPT) -> StoredLevel:
+        """This level with ``run`` added (the oldest dropped past ``keep``); a new key starts over."""
+        if key_difference(self.key, key) is not None:
+            return StoredLevel(key, (run,))
+        return StoredLevel(key, (*self.runs, run)[-keep:])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key.to_dict(), "runs": [run.to_dict() for run in self.runs]}
 
 
 class BaselineFileError(GpuReadyError):
     """The baseline file cannot be read as one."""
 
 
-def _stored(level: str, data: Any, where: str) -> StoredLevel:
+def _run(level: str, data: Any, where: str) -> StoredRun:
+    if not isinstance(data, Mapping):
+        raise BaselineFileError(f"{where}: level {level!r}: runs: expected a list of objects")
+    samples = data.get("samples")
+    if not isinstance(samples, Mapping) or not all(
+            isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                              and math.isfinite(x) for x in v)
+            for v in samples.values()):
+        raise BaselineFileError(f"{where}: level {level!r}: samples: expected metric -> list of numbers")
+    events = data.get("clock_events")
+    return StoredRun({str(k): [float(x) for x in v] for k, v in samples.items()}, str(data.get("saved", "")),
+                     events if isinstance(events, Mapping) else None)
+
+
+def _stored(level: str, data: Any, where: str, version: int) -> StoredLevel:
     if not isinstance(data, Mapping):
         raise BaselineFileError(f"{where}: level {level!r}: expected an object")
     try:
         key = ComparabilityKey.from_dict(data.get("key") or {})
     except (TypeError, ValueError) as exc:
         raise BaselineFileError(f"{where}: level {level!r}: {exc}") from None
-    samples = data.get("samples")
-    if not isinstance(samples, Mapping) or not all(
-            isinstance(v, list) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
-            for v in samples.values()):
-        raise BaselineFileError(f"{where}: level {level!r}: samples: expected metric -> list of numbers")
-    return StoredLevel(key, {str(k): [float(x) for x in v] for k, v in samples.items()}, str(data.get("saved", "")),
-                       data.get("clock_events") if isinstance(data.get("clock_events"), Mapping) else None)
+    if version == 1:  # one run per level, its fields beside the key
+        return StoredLevel(key, (_run(level, data, where),))
+    runs = data.get("runs")
+    if not isinstance(runs, list) or not runs:
+        raise BaselineFileError(f"{where}: level {level!r}: runs: expected a list of one or more runs")
+    return StoredLevel(key, tuple(_run(level, run, where) for run in runs[-MAX_RUNS_KEPT:]))
 
 
 def load(path: Path) -> dict[str, StoredLevel]:
@@ -194,13 +244,14 @@ def load(path: Path) -> dict[str, StoredLevel]:
         raise BaselineFileError(str(exc)) from None
     if not isinstance(data, Mapping) or data.get("format") != FORMAT:
         raise BaselineFileError(f"{where}: not a pytest-gpuready baseline (expected \"format\": \"{FORMAT}\")")
-    if data.get("version") != VERSION:
-        raise BaselineFileError(f"{where}: baseline version {data.get('version')!r}: "
-                                f"this plugin reads version {VERSION}")
+    version = data.get("version")
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
+        raise BaselineFileError(f"{where}: baseline version {version!r}: this plugin reads versions "
+                                f"{', '.join(map(str, READABLE_VERSIONS))}")
     levels = data.get("levels")
     if not isinstance(levels, Mapping):
         raise BaselineFileError(f"{where}: levels: expected an object of level id -> level")
-    return {str(level): _stored(str(level), entry, where) for level, entry in levels.items()}
+    return {str(level): _stored(str(level), entry, where, int(version)) for level, entry in levels.items()}
 
 
 def save(path: Path, levels: Mapping[str, StoredLevel]) -> None:
@@ -219,10 +270,13 @@ def now_iso() -> str:
 
 __all__ = [
     "FORMAT",
+    "MAX_RUNS_KEPT",
+    "READABLE_VERSIONS",
     "VERSION",
     "BaselineFileError",
     "ComparabilityKey",
     "StoredLevel",
+    "StoredRun",
     "key_difference",
     "level_id",
     "load",

@@ -1,18 +1,30 @@
 """A benchmark level against its baseline: which way each metric is better, how far is too far,
-and a decision that survives noise.
+and a decision that survives noise, within a run and between runs.
 
-The rule is asv's (``asv compare``), applied per metric over the rounds of one level:
+A baseline keeps several runs of a level (each with its rounds). Per metric, with the runs'
+medians and the rounds of this run:
 
-* the change is the ratio of the medians over the rounds, in the worse direction: for a metric
-  where higher is better (output tok/s, request/s) ``baseline / now``, for one where lower is
-  better (TTFT, ITL, E2E latency, p50 and p99) ``now / baseline``;
-* a metric *regressed* when that factor exceeds ``1 + tolerance`` (default 10%: asv's 1.1) **and**
-  the two-sided Mann-Whitney U test of the rounds gives p < 0.002; *improved* likewise the other
-  way; otherwise it is within noise;
-* a factor beyond the tolerance with too few rounds for the test ever to reach p < 0.002 (fewer
-  than 7 + 7) is *undecided*: the gate says so rather than passing.
+* the change is this run's median over its rounds against the baseline's centre (the geometric
+  mean of its runs' medians), in the worse direction: for a metric where higher is better (output
+  tok/s, request/s) ``baseline / now``, for one where lower is better (TTFT, ITL, E2E latency, p50
+  and p99) ``now / baseline``;
+* a metric *regressed* when all three hold:
 
-Pure: samples in, :class:`LevelComparison` out (the fixture and the reports render it).
+  1. that factor exceeds ``1 + tolerance`` (default 10%: asv's 1.1, CodSpeed's 10%);
+  2. the two-sided Mann-Whitney U test of this run's rounds against the baseline's (all runs
+     pooled) gives p < 0.002 (asv's rule): not one stray round;
+  3. this run is outside the spread of the baseline's runs: the one-sided Student-t prediction
+     test over their medians gives p < 0.01 (Bencher's t-test threshold, :mod:`.spread`): not the
+     shift every run of an unchanged server shows. It needs 3 runs or more;
+
+  *improved* likewise the other way; otherwise the metric is ``ok`` and :attr:`MetricComparison.note`
+  says which condition held it back;
+* a factor beyond the tolerance that cannot be decided is *undecided* (the gate says so rather
+  than passing): too few rounds for the rank test ever to reach p < 0.002 (fewer than 7 + 7 with
+  one baseline run), or a baseline of fewer runs than ``min_runs`` (3 by default; 1 or 2 accept
+  the rank test alone, as asv does).
+
+Pure: samples in, :class:`MetricComparison` out (the fixture and the reports render it).
 """
 
 from __future__ import annotations
@@ -20,14 +32,17 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pytest_gpuready.serve.bench import LevelResult
 from pytest_gpuready.serve.ranktest import mann_whitney_u, min_p_value
+from pytest_gpuready.serve.spread import RUN_P_THRESHOLD, SPREAD_RUNS, run_centre, run_spread
 
 DEFAULT_TOLERANCE = 0.10
 P_THRESHOLD = 0.002
+DEFAULT_MIN_RUNS = SPREAD_RUNS
+"""Baseline runs a level needs before the gate decides: the fewest the run-to-run spread is judged from."""
 HIGHER = "higher"
 LOWER = "lower"
 
@@ -117,17 +132,29 @@ class MetricComparison:
     better: str
     unit: str
     baseline: float
-    """Median over the baseline's rounds."""
+    """The baseline's centre: the geometric mean of its runs' medians (one run: its median)."""
     now: float
+    """This run's median over its rounds."""
     tolerance: float
     p_value: float
+    """Two-sided Mann-Whitney U of this run's rounds against the baseline's (runs pooled)."""
     effect_size: float
     """Rank-biserial correlation of now against the baseline (+1: every round now above every
     baseline round)."""
     rounds: tuple[int, int]
-    """(baseline rounds, rounds now)."""
+    """(baseline rounds, every run pooled; rounds now)."""
     verdict: str
     """``ok``, ``regressed``, ``improved`` or ``undecided``."""
+    runs: int = 1
+    """Baseline runs compared with."""
+    run_p_value: float | None = None
+    """One-sided p of this run against the spread of the baseline's runs (the worse side, or the
+    better side for an improvement); None with fewer than 3 runs."""
+    detectable: float | None = None
+    """The smallest worse change this baseline calls (signed: -0.23 for a throughput, +0.4 for a
+    latency): the tolerance or the spread's bound, whichever is further; None below 3 runs."""
+    note: str = ""
+    """Why the verdict is what it is (see :func:`compare_metric`)."""
 
     @property
     def change(self) -> float:
@@ -142,46 +169,86 @@ class MetricComparison:
         return self.baseline / self.now if self.better == HIGHER else self.now / self.baseline
 
     def describe(self) -> str:
-        """``output tok/s 812.4 -> 402.1 (-50.5%, factor 2.02 > 1.10, p=0.0006, r=-1.00)``."""
+        """``output tok/s 812.4 -> 402.1 tok/s (-50.5%, factor 2.02 > 1.10; rounds p=0.0006, r=-1.00,
+        21+7; 3 runs, spread p=0.0003, calls beyond -23.1%)``."""
         label = METRIC_BY_NAME[self.name].label if self.name in METRIC_BY_NAME else self.name
         relation = ">" if self.factor > 1 + self.tolerance else "<="
-        return (f"{label} {self.baseline:.4g} -> {self.now:.4g} {self.unit} ({self.change:+.1%}, "
-                f"factor {self.factor:.2f} {relation} {1 + self.tolerance:.2f}, p={self.p_value:.2g}, "
-                f"r={self.effect_size:+.2f}, {self.rounds[0]}+{self.rounds[1]} rounds)")
+        runs = f"{self.runs} run{'' if self.runs == 1 else 's'}"
+        if self.run_p_value is not None:
+            runs += f", spread p={self.run_p_value:.2g}"
+        if self.detectable is not None:
+            runs += f", calls beyond {self.detectable:+.1%}"
+        text = (f"{label} {self.baseline:.4g} -> {self.now:.4g} {self.unit} ({self.change:+.1%}, "
+                f"factor {self.factor:.2f} {relation} {1 + self.tolerance:.2f}; rounds p={self.p_value:.2g}, "
+                f"r={self.effect_size:+.2f}, {self.rounds[0]}+{self.rounds[1]}; {runs})")
+        return f"{text}: {self.note}" if self.note else text
 
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.name, "better": self.better, "unit": self.unit, "baseline": self.baseline,
                 "now": self.now, "change": self.change if math.isfinite(self.change) else None,
                 "factor": self.factor if math.isfinite(self.factor) else None, "tolerance": self.tolerance,
                 "p_value": self.p_value, "effect_size": self.effect_size,
-                "baseline_rounds": self.rounds[0], "rounds": self.rounds[1], "verdict": self.verdict}
+                "baseline_rounds": self.rounds[0], "rounds": self.rounds[1], "verdict": self.verdict,
+                "baseline_runs": self.runs, "run_p_value": self.run_p_value, "detectable": self.detectable,
+                "note": self.note}
 
 
-def compare_metric(metric: Metric, baseline: Sequence[float], now: Sequence[float], tolerance: float,
+WITHIN_TOLERANCE = "within the tolerance"
+WITHIN_ROUNDS = "within the noise of the rounds"
+WITHIN_SPREAD = "within the run-to-run spread of the baseline's runs"
+TOO_FEW_ROUNDS = "too few rounds"
+TOO_FEW_RUNS = "too few baseline runs"
+SPREAD_NOT_JUDGED = "run-to-run spread not judged"
+
+
+def compare_metric(metric: Metric, baseline_runs: Sequence[Sequence[float]], now: Sequence[float],
+                   tolerance: float, min_runs: int = DEFAULT_MIN_RUNS,
                    p_threshold: float = P_THRESHOLD) -> MetricComparison:
-    """asv's rule for one metric: beyond the tolerance *and* p < ``p_threshold``."""
-    if not baseline or not now:
-        raise ValueError(f"{metric.name}: no rounds to compare ({len(baseline)} baseline, {len(now)} now)")
-    test = mann_whitney_u(now, baseline)
-    base_median = statistics.median(baseline)
+    """The rule of the module docstring for one metric: ``baseline_runs`` are the stored runs'
+    rounds (oldest first), ``now`` this run's rounds."""
+    runs = [list(r) for r in baseline_runs if r]
+    if not runs or not now:
+        raise ValueError(f"{metric.name}: no rounds to compare ({len(runs)} baseline runs, {len(now)} rounds now)")
+    if min_runs < 1:
+        raise ValueError(f"min_runs {min_runs!r}: expected a whole number >= 1")
+    pooled = [value for run in runs for value in run]
+    test = mann_whitney_u(now, pooled)
+    medians = [statistics.median(run) for run in runs]
     now_median = statistics.median(now)
-    result = MetricComparison(metric.name, metric.better, metric.unit, base_median, now_median, tolerance,
-                              test.p_value, test.effect_size, (len(baseline), len(now)), "ok")
+    spread = run_spread(medians, metric.better == HIGHER) if len(runs) >= SPREAD_RUNS else None
+    detectable = None
+    if spread is not None:
+        edge = spread.worse_bound()
+        limit = spread.centre / (1.0 + tolerance) if metric.better == HIGHER else spread.centre * (1.0 + tolerance)
+        bound = min(edge, limit) if metric.better == HIGHER else max(edge, limit)
+        detectable = bound / spread.centre - 1.0 if spread.centre else None
+    result = MetricComparison(metric.name, metric.better, metric.unit, run_centre(medians), now_median, tolerance,
+                              test.p_value, test.effect_size, (len(pooled), len(now)), "ok", len(runs), None,
+                              detectable, WITHIN_TOLERANCE)
     limit = 1.0 + tolerance
     factor = result.factor
     worse, better = factor > limit, (1.0 / factor if factor else math.inf) > limit
     if not (worse or better):
         return result
-    if test.p_value < p_threshold:
-        return _with(result, "regressed" if worse else "improved")
-    if worse and min_p_value(len(now), len(baseline)) >= p_threshold:
-        return _with(result, "undecided")
-    return result
-
-
-def _with(result: MetricComparison, verdict: str) -> MetricComparison:
-    return MetricComparison(result.name, result.better, result.unit, result.baseline, result.now, result.tolerance,
-                            result.p_value, result.effect_size, result.rounds, verdict)
+    if test.p_value >= p_threshold:
+        if worse and min_p_value(len(now), len(pooled)) >= p_threshold:
+            return replace(result, verdict="undecided", note=f"{TOO_FEW_ROUNDS}: {len(pooled)}+{len(now)} rounds "
+                           f"cannot reach p < {p_threshold:g}")
+        return replace(result, note=WITHIN_ROUNDS)
+    if len(runs) < min_runs:
+        if not worse:
+            return replace(result, verdict="improved", note=f"{TOO_FEW_RUNS} to judge the spread ({len(runs)})")
+        return replace(result, verdict="undecided", note=f"{TOO_FEW_RUNS} ({len(runs)} of {min_runs}) to tell a "
+                       "regression from the shift between runs of an unchanged server")
+    if spread is None:
+        return replace(result, verdict="regressed" if worse else "improved",
+                       note=f"{SPREAD_NOT_JUDGED} ({len(runs)} run{'' if len(runs) == 1 else 's'}, "
+                       f"min_runs {min_runs})")
+    run_p = spread.p_worse(now_median) if worse else spread.p_better(now_median)
+    result = replace(result, run_p_value=run_p)
+    if run_p >= RUN_P_THRESHOLD:
+        return replace(result, note=f"{WITHIN_SPREAD} (p={run_p:.2g} >= {RUN_P_THRESHOLD:g})")
+    return replace(result, verdict="regressed" if worse else "improved", note="")
 
 
 def rounds_needed(p_threshold: float = P_THRESHOLD) -> int:
@@ -192,18 +259,21 @@ def rounds_needed(p_threshold: float = P_THRESHOLD) -> int:
     return rounds
 
 
-def compare_samples(baseline: Mapping[str, Sequence[float]], now: Mapping[str, Sequence[float]],
-                    *layers: Tolerances | None) -> tuple[MetricComparison, ...]:
-    """Every metric both sides measured, each with its tolerance from ``layers`` (first wins)."""
+def compare_samples(baseline_runs: Sequence[Mapping[str, Sequence[float]]], now: Mapping[str, Sequence[float]],
+                    *layers: Tolerances | None, min_runs: int = DEFAULT_MIN_RUNS) -> tuple[MetricComparison, ...]:
+    """Every metric this run and at least one baseline run measured, each with its tolerance from
+    ``layers`` (first wins)."""
     compared = []
     for metric in METRICS:
-        if metric.name in baseline and metric.name in now:
-            compared.append(compare_metric(metric, baseline[metric.name], now[metric.name],
-                                           tolerance_of(metric.name, *layers)))
+        runs = [run[metric.name] for run in baseline_runs if run.get(metric.name)]
+        if runs and now.get(metric.name):
+            compared.append(compare_metric(metric, runs, now[metric.name], tolerance_of(metric.name, *layers),
+                                           min_runs))
     return tuple(compared)
 
 
 __all__ = [
+    "DEFAULT_MIN_RUNS",
     "DEFAULT_TOLERANCE",
     "HIGHER",
     "LOWER",

@@ -6,11 +6,14 @@ The verdicts, in the order they are decided:
   clock-event reasons could not be read on a GPU host: the figures are the hardware's;
 * ``no baseline``: the file has no entry for this level;
 * ``not comparable``: the key differs (the first part that differs is named);
-* ``regressed`` / ``undecided`` / ``improved`` / ``ok``: per metric (:mod:`.compare`); the level
-  takes the worst of its metrics (regressed > undecided > improved > ok).
+* ``regressed`` / ``undecided`` / ``improved`` / ``ok``: per metric (:mod:`.compare`: beyond the
+  tolerance, significant over the rounds, and outside the spread of the baseline's runs); the
+  level takes the worst of its metrics (regressed > undecided > improved > ok).
 
 Only ``ok`` and ``improved`` pass; every other verdict fails the test with its line, and only
-``regressed`` is a regression. Pure: data in, :class:`LevelComparison` out.
+``regressed`` is a regression (an ``undecided`` level only because the baseline has too few runs
+is still saved by ``--gpuready-baseline-save``: that is how a baseline grows to the runs it needs).
+Pure: data in, :class:`LevelComparison` out.
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ from typing import Any
 
 from pytest_gpuready.host.clock_events import ClockEventRecord
 from pytest_gpuready.serve.baseline import ComparabilityKey, StoredLevel, key_difference
-from pytest_gpuready.serve.compare import MetricComparison, Tolerances, compare_samples, rounds_needed
+from pytest_gpuready.serve.compare import (
+    DEFAULT_MIN_RUNS,
+    TOO_FEW_RUNS,
+    MetricComparison,
+    Tolerances,
+    compare_samples,
+)
 
 PASSING = ("ok", "improved")
 _RANK = {"regressed": 3, "undecided": 2, "improved": 1, "ok": 0}
@@ -41,6 +50,17 @@ class LevelComparison:
     def ok(self) -> bool:
         return self.verdict in PASSING
 
+    @property
+    def runs(self) -> int:
+        """Baseline runs the level was compared with (0 when it was not compared)."""
+        return max((m.runs for m in self.metrics), default=0)
+
+    @property
+    def growing(self) -> bool:
+        """Undecided only because the baseline has too few runs: saving this run is how it gets them."""
+        undecided = [m for m in self.metrics if m.verdict == "undecided"]
+        return self.verdict == "undecided" and all(m.note.startswith(TOO_FEW_RUNS) for m in undecided)
+
     def headline(self) -> MetricComparison | None:
         """The metric the verdict is about (the first regressed, undecided or improved; else output tok/s)."""
         for wanted in ("regressed", "undecided", "improved"):
@@ -55,13 +75,18 @@ class LevelComparison:
 
     def to_dict(self) -> dict[str, Any]:
         return {"level": self.level, "concurrency": self.concurrency, "verdict": self.verdict,
-                "reason": self.reason, "ok": self.ok, "metrics": [m.to_dict() for m in self.metrics]}
+                "reason": self.reason, "ok": self.ok, "baseline_runs": self.runs,
+                "metrics": [m.to_dict() for m in self.metrics]}
 
 
 def judge_level(level: str, concurrency: int, key: ComparabilityKey, samples: Mapping[str, Sequence[float]],
                 clock_events: ClockEventRecord | None, stored: StoredLevel | None,
-                *tolerances: Tolerances | None, on_gpu: bool = True) -> LevelComparison:
+                *tolerances: Tolerances | None, on_gpu: bool = True,
+                min_runs: int = DEFAULT_MIN_RUNS) -> LevelComparison:
     """The verdict of one level (see the module docstring for the order).
+
+    ``min_runs``: baseline runs needed before a change beyond the tolerance is called (fewer:
+    ``undecided``).
 
     ``on_gpu``: the server runs on GPUs, so a level without a single clock-event sample cannot
     be said to have run unthrottled (on a CPU host there is nothing to sample).
@@ -78,18 +103,20 @@ def judge_level(level: str, concurrency: int, key: ComparabilityKey, samples: Ma
     difference = key_difference(stored.key, key)
     if difference is not None:
         return LevelComparison(level, concurrency, "not comparable", difference)
-    metrics = compare_samples(stored.samples, samples, *tolerances)
+    metrics = compare_samples(stored.samples, samples, *tolerances, min_runs=min_runs)
     if not metrics:
         return LevelComparison(level, concurrency, "not comparable", "no metric measured on both sides")
     worst = max(metrics, key=lambda m: _RANK[m.verdict]).verdict
     chosen = [m for m in metrics if m.verdict == worst]
     if worst == "ok":
         head = next((m for m in metrics if m.name == "output_tok_s"), metrics[0])
-        reason = f"within tolerance or noise; {head.describe()}"
+        reason = head.describe()
     elif worst == "undecided":
-        needed = rounds_needed()
-        reason = (f"{chosen[0].describe()}: beyond the tolerance, but {chosen[0].rounds[0]}+{chosen[0].rounds[1]} "
-                  f"rounds cannot reach p < 0.002 (use rounds={needed} or more on both sides)")
+        head = chosen[0]
+        advice = (f"save {min_runs - head.runs} more run{'' if min_runs - head.runs == 1 else 's'} with "
+                  "--gpuready-baseline-save" if head.note.startswith(TOO_FEW_RUNS)
+                  else "use more rounds (rounds=7 or more with a one-run baseline)")
+        reason = f"{head.describe()} ({advice})"
     else:
         reason = "; ".join(m.describe() for m in chosen)
     return LevelComparison(level, concurrency, worst, reason, metrics)

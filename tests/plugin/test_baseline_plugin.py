@@ -92,7 +92,8 @@ def slower_report() -> dict[str, object]:
 
 def test_the_summary_table_shows_level_baseline_now_change_and_verdict() -> None:
     rows = comparison_rows(slower_report()["benchmarks"])  # type: ignore[arg-type]
-    assert rows[0][0].split() == ["test,", "server", "level", "metric", "baseline", "now", "change", "verdict"]
+    assert rows[0][0].split() == ["test,", "server", "level", "runs", "metric", "baseline", "now", "change",
+                                  "verdict"]
     assert all(len(text) <= MAX_WIDTH for text, _ in rows)
     c8 = next(text for text, _ in rows if "  c8  " in text)
     assert "output tok/s  1348 tok/s  398 tok/s  -70.5%  regressed (p=0.00058)" in c8
@@ -133,6 +134,7 @@ import json
 import pathlib
 
 from pytest_gpuready.plugin import baseline_fixtures as b
+from pytest_gpuready.plugin.recording import add_report_entry
 from pytest_gpuready.serve.baseline import ComparabilityKey
 
 REPORT = json.loads(pathlib.Path({report!r}).read_text())
@@ -143,7 +145,8 @@ def comparison(config):
     levels = [b.MeasuredLevel(level["level"], level["concurrency"], level["samples"],
                               ComparabilityKey.from_dict(level["key"]), None, None)
               for level in bench["comparison"]["levels"]]
-    made = b.BenchComparison(config, bench["server"], levels, False, None)
+    entry = add_report_entry(config, "benchmarks", {{"server": bench["server"], "levels": bench["levels"]}})
+    made = b.BenchComparison(config, bench["server"], levels, False, entry)
     b.start_comparison(config, made)
     return made
 
@@ -164,8 +167,8 @@ def baseline_from(report: dict[str, object], path: Path) -> None:
     levels = {}
     for bench in report["benchmarks"]:  # type: ignore[attr-defined]
         for level in bench["comparison"]["levels"]:
-            levels[level["level"]] = store.StoredLevel(store.ComparabilityKey.from_dict(level["key"]),
-                                                       level["baseline_samples"], "2026-12-01")
+            levels[level["level"]] = store.StoredLevel(store.ComparabilityKey.from_dict(level["key"]), (
+                store.StoredRun(level["baseline_samples"], "2026-12-01"),))
     store.save(path, levels)
 
 
@@ -174,12 +177,15 @@ def test_a_regression_fails_the_test_unless_its_own_tolerance_allows_it(pytester
     baseline_from(report, pytester.path / "baseline.json")
     pytester.makepyfile(test_gate=GATE.format(report=str(REPORTS / "vllm-cpu-baseline-slower.json")))
     junit = pytester.path / "junit.xml"
-    result = pytester.runpytest(*PLUGIN, "--gpuready-baseline", "baseline.json", f"--junitxml={junit}")
+    # the baseline is one run: with --gpuready-baseline-min-runs 1 the rank test over rounds decides alone
+    result = pytester.runpytest(*PLUGIN, "--gpuready-baseline", "baseline.json", f"--junitxml={junit}",
+                                "--gpuready-baseline-min-runs", "1")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
         "*test_unasserted*",
         "*baseline comparison (*baseline.json): 1 of 2 levels regressed (tiny-llama, TP=1)*",
-        "*c8: regressed: output tok/s 1348 -> 398.3 tok/s (-70.5%, factor 3.39 > 1.10, p=0.00058, r=-1.00, 7+7*",
+        "*c8: regressed: output tok/s 1348 -> 398.3 tok/s (-70.5%, factor 3.39 > 1.10; rounds p=0.00058, r=-1.00, "
+        "7+7; 1 run): run-to-run spread not judged (1 run, min_runs 1)*",
     ])
     assert "Traceback" not in result.stdout.str()
     import xml.etree.ElementTree as ET
@@ -188,3 +194,34 @@ def test_a_regression_fails_the_test_unless_its_own_tolerance_allows_it(pytester
     assert ("gpuready.baseline.c8.verdict", "regressed") in properties
     assert ("gpuready.baseline.c8.verdict", "ok") in properties  # the 500% test
     assert ("gpuready.baseline.c8.output_tok_s.p_value", "0.0005827505827505828") in properties
+
+
+def test_a_one_run_baseline_is_undecided_until_it_has_three_runs(pytester: pytest.Pytester) -> None:
+    report = slower_report()
+    baseline_from(report, pytester.path / "baseline.json")
+    pytester.makepyfile(test_gate=GATE.format(report=str(REPORTS / "vllm-cpu-baseline-slower.json")))
+    result = pytester.runpytest(*PLUGIN, "--gpuready-baseline", "baseline.json", "-k", "unasserted")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*1 of 2 levels could not be compared (not a pass)*",
+        "*c8: undecided: output tok/s 1348 -> 398.3 tok/s *: too few baseline runs (1 of 3) to tell a regression "
+        "from the shift between runs of an unchanged server (save 2 more runs with --gpuready-baseline-save)",
+    ])
+    # saving adds the run however far it moved: that is how the baseline gets the runs it needs
+    saved = pytester.runpytest(*PLUGIN, "--gpuready-baseline", "baseline.json", "--gpuready-baseline-save",
+                               "-k", "unasserted")
+    saved.assert_outcomes(passed=1)
+    saved.stdout.fnmatch_lines([
+        "*  c8        1  output tok/s  1348 tok/s  398 tok/s  -70.5%  undecided, saved (p=0.00058)",
+        "gpuready: baseline *baseline.json: 2 levels saved (each now holds 2 of up to 10 runs)"])
+    stored = json.loads((pytester.path / "baseline.json").read_text())
+    assert stored["version"] == 2
+    assert {len(level["runs"]) for level in stored["levels"].values()} == {2}
+
+
+@pytest.mark.parametrize("value", ["0", "11", "three"])
+def test_a_bad_min_runs_is_a_usage_error(pytester: pytest.Pytester, value: str) -> None:
+    result = pytester.runpytest(*PLUGIN, "--gpuready-baseline-min-runs", value)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --gpuready-baseline-min-runs {value!r}: expected a whole number from 1 "
+                                 "to 10 (the runs a baseline keeps)"])

@@ -57,7 +57,7 @@ def test_every_name_is_derived_but_two_kept_for_users() -> None:
                      setting(s.dest, s.parse, s.default, s.help, multiple=s.multiple))}
     assert differing == {"gpu_host", "gpu_hosts_file"}
     assert len({s.flag for s in options.ALL_SETTINGS}) == len({s.env for s in options.ALL_SETTINGS}) \
-        == len(options.ALL_SETTINGS) == 28
+        == len(options.ALL_SETTINGS) == 29
 
 
 def test_every_option_of_the_group_is_declared_in_the_registry(pytester: pytest.Pytester) -> None:

@@ -3,6 +3,7 @@ tolerances, the comparability key, clock-event reasons and the level verdict."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +23,7 @@ from pytest_gpuready.serve.compare import (
 from pytest_gpuready.serve.ranktest import mann_whitney_u, min_p_value, u_distribution
 from pytest_gpuready.serve.regression import judge_level
 from pytest_gpuready.serve.spec import ServeSpec
+from pytest_gpuready.serve.spread import regularized_beta, run_spread, t_quantile, t_sf
 
 # ---------------------------------------------------------------- Mann-Whitney U
 
@@ -113,7 +115,7 @@ BASE = [100.0, 101.0, 99.0, 100.5, 99.5, 100.2, 99.8]
 
 def test_a_slower_throughput_beyond_the_tolerance_and_significant_regresses() -> None:
     slower = [v * 0.8 for v in BASE]
-    result = compare_metric(THROUGHPUT, BASE, slower, 0.10)
+    result = compare_metric(THROUGHPUT, [BASE], slower, 0.10, min_runs=1)  # asv's rule alone: one run
     assert result.verdict == "regressed"
     assert result.change == pytest.approx(-0.2, abs=0.01)
     assert result.factor == pytest.approx(1.25, abs=0.01)
@@ -121,16 +123,17 @@ def test_a_slower_throughput_beyond_the_tolerance_and_significant_regresses() ->
     assert result.effect_size == -1.0
     assert "output tok/s 100 -> 80" in result.describe()
     assert "factor 1.25 > 1.10" in result.describe()
+    assert "run-to-run spread not judged (1 run, min_runs 1)" in result.describe()
 
 
 def test_a_higher_latency_regresses_and_a_lower_one_improves() -> None:
-    assert compare_metric(TTFT, BASE, [v * 1.3 for v in BASE], 0.10).verdict == "regressed"
-    assert compare_metric(TTFT, BASE, [v * 0.7 for v in BASE], 0.10).verdict == "improved"
-    assert compare_metric(THROUGHPUT, BASE, [v * 1.3 for v in BASE], 0.10).verdict == "improved"
+    assert compare_metric(TTFT, [BASE], [v * 1.3 for v in BASE], 0.10, min_runs=1).verdict == "regressed"
+    assert compare_metric(TTFT, [BASE], [v * 0.7 for v in BASE], 0.10, min_runs=1).verdict == "improved"
+    assert compare_metric(THROUGHPUT, [BASE], [v * 1.3 for v in BASE], 0.10, min_runs=1).verdict == "improved"
 
 
 def test_within_the_tolerance_is_ok_however_significant() -> None:
-    result = compare_metric(THROUGHPUT, BASE, [v * 0.95 for v in BASE], 0.10)
+    result = compare_metric(THROUGHPUT, [BASE], [v * 0.95 for v in BASE], 0.10)
     assert result.p_value < 0.002
     assert result.verdict == "ok"
 
@@ -139,15 +142,107 @@ def test_beyond_the_tolerance_but_within_noise_is_ok() -> None:
     # the medians differ by > 10%, but the rounds interleave: one noisy round does not make a regression
     noisy_base = [100.0, 60.0, 100.0, 62.0, 100.0, 101.0, 99.0]
     noisy_now = [88.0, 100.0, 61.0, 87.0, 100.0, 86.0, 63.0]
-    result = compare_metric(THROUGHPUT, noisy_base, noisy_now, 0.10)
+    result = compare_metric(THROUGHPUT, [noisy_base], noisy_now, 0.10, min_runs=1)
     assert result.factor > 1.1
     assert result.p_value > 0.002
     assert result.verdict == "ok"
 
 
 def test_too_few_rounds_to_decide_is_undecided_not_a_pass() -> None:
-    result = compare_metric(THROUGHPUT, BASE[:3], [v * 0.5 for v in BASE[:3]], 0.10)
+    result = compare_metric(THROUGHPUT, [BASE[:3]], [v * 0.5 for v in BASE[:3]], 0.10, min_runs=1)
     assert result.verdict == "undecided"
+    assert result.note == "too few rounds: 3+3 rounds cannot reach p < 0.002"
+    # three runs of four rounds pooled are enough rounds for the rank test (12 + 4: p >= 2 / C(16, 4))
+    assert min_p_value(4, 12) < 0.002 < min_p_value(3, 9)
+    assert compare_metric(THROUGHPUT, [BASE[:4]] * 3, [v * 0.5 for v in BASE[:4]], 0.10).verdict == "regressed"
+
+
+# ---------------------------------------------------------------- between runs (serve/spread.py)
+
+# Student's t quantiles (any table, e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2) and closed forms
+@pytest.mark.parametrize(("p", "df", "t"), [
+    (0.975, 1, 12.7062047), (0.99, 2, 6.9645567), (0.99, 4, 3.7469474), (0.99, 9, 2.8214379),
+    (0.95, 30, 1.6972609), (0.999, 100, 3.1737394),
+])
+def test_student_t_quantiles(p: float, df: int, t: float) -> None:
+    assert t_quantile(p, df) == pytest.approx(t, abs=1e-6)
+    assert t_sf(t, df) == pytest.approx(1 - p, rel=1e-6)
+    assert t_quantile(1 - p, df) == pytest.approx(-t, abs=1e-6)
+
+
+def test_student_t_tail_closed_forms() -> None:
+    for t in (0.1, 1.0, 2.0, 7.5, 40.0):
+        assert t_sf(t, 1) == pytest.approx(0.5 - math.atan(t) / math.pi, rel=1e-9)  # Cauchy
+        assert t_sf(t, 2) == pytest.approx(0.5 - t / (2 * math.sqrt(t * t + 2)), rel=1e-9)
+    assert t_sf(0.0, 5) == 0.5
+    assert t_sf(-1.3, 3) == pytest.approx(1 - t_sf(1.3, 3))
+    assert regularized_beta(2, 3, 0.4) == pytest.approx(0.5248)  # 1 - sum of the binomial terms: exact
+
+
+# An unchanged server run after run: each run's rounds agree with each other, the runs do not
+# (the H200's unchanged c16 moved -12% to -35% between runs, docs/performance.md). Three baseline runs.
+RUNS = [[v * shift for v in BASE] for shift in (1.0, 0.86, 0.93)]
+
+
+def test_a_shift_within_the_spread_between_runs_is_not_a_regression() -> None:
+    # a fourth run 20% below the baseline's centre: beyond the tolerance, every round below every
+    # baseline round (p = 2 / C(28, 7)), yet no further out than the runs of an unchanged server go
+    now = [v * 0.75 for v in BASE]
+    result = compare_metric(THROUGHPUT, RUNS, now, 0.10)
+    assert result.factor > 1.1
+    assert result.p_value < 0.002
+    assert result.runs == 3
+    assert result.run_p_value is not None
+    assert result.run_p_value > 0.01
+    assert result.verdict == "ok"
+    assert result.note.startswith("within the run-to-run spread of the baseline's runs (p=")
+    assert result.baseline == pytest.approx(100 * (1.0 * 0.86 * 0.93) ** (1 / 3), rel=1e-3)  # geometric mean
+    # what it takes to be called: beyond -x% where the spread's bound lies (> the 10% tolerance here)
+    assert result.detectable is not None
+    assert result.detectable < -0.3
+    assert "3 runs, spread p=" in result.describe()
+    # one run far enough out is a regression
+    far = compare_metric(THROUGHPUT, RUNS, [v * 0.25 for v in BASE], 0.10)
+    assert far.verdict == "regressed"
+    assert far.run_p_value is not None
+    assert far.run_p_value < 0.01
+    assert far.change < far.detectable  # type: ignore[operator]
+
+
+def test_tight_runs_call_a_smaller_change_and_the_tolerance_still_holds() -> None:
+    tight = [[v * shift for v in BASE] for shift in (1.0, 0.99, 1.01, 1.0, 0.995)]
+    slower = compare_metric(THROUGHPUT, tight, [v * 0.85 for v in BASE], 0.10)
+    assert slower.verdict == "regressed"
+    assert slower.detectable == pytest.approx(1 / 1.1 - 1, abs=1e-9)  # the tolerance is the further bound
+    within = compare_metric(THROUGHPUT, tight, [v * 0.95 for v in BASE], 0.10)
+    assert within.verdict == "ok"
+    assert within.note == "within the tolerance"
+    latency = compare_metric(TTFT, tight, [v * 1.25 for v in BASE], 0.10)
+    assert latency.verdict == "regressed"
+    assert latency.detectable is not None
+    assert latency.detectable > 0
+    assert compare_metric(TTFT, tight, [v * 0.75 for v in BASE], 0.10).verdict == "improved"
+
+
+def test_too_few_baseline_runs_is_undecided_not_a_pass() -> None:
+    result = compare_metric(THROUGHPUT, [BASE], [v * 0.5 for v in BASE], 0.10)
+    assert result.verdict == "undecided"
+    assert result.note.startswith("too few baseline runs (1 of 3)")
+    assert compare_metric(THROUGHPUT, RUNS[:2], [v * 0.5 for v in BASE], 0.10).verdict == "undecided"
+    # an improvement is not held back, and a small change is within the tolerance at any count
+    assert compare_metric(THROUGHPUT, [BASE], [v * 1.5 for v in BASE], 0.10).verdict == "improved"
+    assert compare_metric(THROUGHPUT, [BASE], [v * 0.95 for v in BASE], 0.10).verdict == "ok"
+    with pytest.raises(ValueError, match="min_runs 0: expected a whole number >= 1"):
+        compare_metric(THROUGHPUT, [BASE], BASE, 0.10, min_runs=0)
+
+
+def test_a_zero_latency_is_judged_on_the_plain_scale() -> None:
+    zeros = [[0.0] * 7, [0.0] * 7, [0.0] * 7]
+    assert compare_metric(METRIC_BY_NAME["itl_p50"], zeros, [0.0] * 7, 0.10).verdict == "ok"
+    spread = run_spread([0.0, 1.0, 2.0], higher_is_better=False)
+    assert not spread.log_scale
+    assert spread.centre == 1.0
+    assert run_spread([1.0, 2.0, 4.0], higher_is_better=True).centre == pytest.approx(2.0)
 
 
 # ---------------------------------------------------------------- the key
@@ -215,11 +310,26 @@ def test_the_config_hash_ignores_formatting(tmp_path: Path) -> None:
         store.model_config_sha256(str(tmp_path / "b"), LocalHost())
 
 
+def one_run(samples: dict[str, list[float]], saved: str = "") -> store.StoredLevel:
+    return store.StoredLevel(key(), (store.StoredRun(samples, saved),))
+
+
 def test_a_baseline_file_round_trips_and_a_bad_one_is_named(tmp_path: Path) -> None:
     path = tmp_path / "baseline.json"
-    level = store.StoredLevel(key(), {"output_tok_s": BASE}, "2026-12-01T00:00:00+00:00")
+    level = one_run({"output_tok_s": BASE}, "2026-12-01T00:00:00+00:00")
     store.save(path, {"t | s | c8": level})
     assert store.load(path) == {"t | s | c8": level}
+    # a version-1 file (one run per level, beside its key) reads as one run
+    path.write_text(json.dumps({"format": "pytest-gpuready-baseline", "version": 1, "levels": {"t | s | c8": {
+        "key": key().to_dict(), "samples": {"output_tok_s": BASE}, "saved": "2026-12-01T00:00:00+00:00"}}}))
+    assert store.load(path) == {"t | s | c8": level}
+    path.write_text('{"format": "pytest-gpuready-baseline", "version": 3, "levels": {}}')
+    with pytest.raises(store.BaselineFileError, match="baseline version 3: this plugin reads versions 1, 2"):
+        store.load(path)
+    path.write_text(json.dumps({"format": "pytest-gpuready-baseline", "version": 2,
+                                "levels": {"x": {"key": key().to_dict(), "runs": []}}}))
+    with pytest.raises(store.BaselineFileError, match="level 'x': runs: expected a list of one or more runs"):
+        store.load(path)
     path.write_text('{"format": "something else"}')
     with pytest.raises(store.BaselineFileError, match="not a pytest-gpuready baseline"):
         store.load(path)
@@ -240,7 +350,7 @@ def masks(*readings: dict[int, int | None]) -> ClockEventRecord:
 
 def test_a_throttled_level_is_invalid_and_a_power_cap_only_recorded() -> None:
     samples = {"output_tok_s": BASE}
-    stored = store.StoredLevel(key(), samples, "")
+    stored = one_run(samples)
     throttled = masks({0: 0x4}, {0: 0x4 | 0x8}, {0: 0x4})
     verdict = judge_level("l", 8, key(), samples, throttled, stored)
     assert verdict.verdict == "invalid"
@@ -251,7 +361,7 @@ def test_a_throttled_level_is_invalid_and_a_power_cap_only_recorded() -> None:
 
 def test_the_level_verdicts_in_order() -> None:
     samples = {"output_tok_s": BASE, "ttft_p99": BASE}
-    stored = store.StoredLevel(key(), samples, "")
+    stored = one_run(samples)
     unread = ClockEventRecord(seen={}, samples=0, started_at=0.0, stopped_at=1.0, errors=("NVML gone",))
     assert judge_level("l", 8, key(), samples, unread, stored).verdict == "invalid"
     assert "clock-event reasons not read" in judge_level("l", 8, key(), samples, unread, stored).reason
@@ -260,7 +370,33 @@ def test_the_level_verdicts_in_order() -> None:
     refused = judge_level("l", 8, key(vllm_version="0.26.0"), samples, None, stored, on_gpu=False)
     assert refused.line() == "c8: not comparable: vLLM version differs (baseline 0.25.0, now 0.26.0)"
     slower = {"output_tok_s": [v * 0.5 for v in BASE], "ttft_p99": [v * 1.05 for v in BASE]}
-    regressed = judge_level("l", 8, key(), slower, None, stored, on_gpu=False)
+    growing = judge_level("l", 8, key(), slower, None, stored, on_gpu=False)
+    assert growing.verdict == "undecided"
+    assert growing.growing  # undecided only for want of runs: --gpuready-baseline-save keeps it
+    assert growing.reason.endswith("(save 2 more runs with --gpuready-baseline-save)")
+    three = store.StoredLevel(key(), tuple(store.StoredRun({"output_tok_s": run, "ttft_p99": run}, "")
+                                           for run in RUNS))
+    assert three.pooled()["output_tok_s"] == [v for run in RUNS for v in run]
+    regressed = judge_level("l", 8, key(), slower, None, three, on_gpu=False)
     assert regressed.verdict == "regressed"
-    assert regressed.reason.startswith("output tok/s 100 -> 50")
-    assert judge_level("l", 8, key(), slower, None, stored, {"output_tok_s": 1.5}, on_gpu=False).verdict == "ok"
+    assert regressed.runs == 3
+    assert not regressed.growing
+    assert regressed.reason.startswith("output tok/s 92.82 -> 50 tok/s (-46.1%, factor 1.86 > 1.10; rounds p=1.7e-06")
+    assert judge_level("l", 8, key(), slower, None, three, {"output_tok_s": 1.5}, on_gpu=False).verdict == "ok"
+    assert judge_level("l", 8, key(), slower, None, stored, on_gpu=False, min_runs=1).verdict == "regressed"
+    few_rounds = judge_level("l", 8, key(), {"output_tok_s": [50.0, 51.0]}, None,
+                             one_run({"output_tok_s": [100.0, 101.0]}), on_gpu=False, min_runs=1)
+    assert few_rounds.verdict == "undecided"
+    assert not few_rounds.growing
+    assert few_rounds.reason.endswith("(use more rounds (rounds=7 or more with a one-run baseline))")
+
+
+def test_a_saved_run_is_added_and_the_oldest_dropped() -> None:
+    level = one_run({"output_tok_s": [1.0]})
+    for n in range(2, 13):
+        level = level.with_run(key(), store.StoredRun({"output_tok_s": [float(n)]}, ""))
+    assert len(level.runs) == store.MAX_RUNS_KEPT == 10
+    assert [run.samples["output_tok_s"][0] for run in level.runs] == [float(n) for n in range(3, 13)]
+    moved = level.with_run(key(vllm_version="0.26.0"), store.StoredRun({"output_tok_s": [99.0]}, ""))
+    assert len(moved.runs) == 1  # another key starts over
+    assert moved.key.vllm_version == "0.26.0"
