@@ -109,6 +109,34 @@ def _alive(gpus: Sequence[GpuHealth], snapshot: HostSnapshot | None = None) -> l
     return [g for g in gpus if g.lost is None]
 
 
+GpuRule = Callable[[GpuHealth, str, list[str], list[str]], None]
+"""One check's rule for one GPU: ``rule(gpu, where, failures, warnings)`` appends what it finds."""
+
+
+def _per_gpu(snapshot: HostSnapshot, gpus: Sequence[int] | None, what: str, fields: Sequence[str],
+             rule: GpuRule, ok_summary: Callable[[list[GpuHealth]], str],
+             evidence: dict[str, Any] | None = None) -> Verdict:
+    """A check of each selected GPU's health fields: the part every such check shares.
+
+    The selected GPUs must all answer (a lost one is an error: its fields cannot be judged);
+    ``rule`` judges each; the evidence is every GPU's ``fields`` and what was not judged, then
+    ``evidence``; ``ok_summary`` of the selected GPUs is the summary when nothing failed.
+    """
+    selected = _alive(_gpus(snapshot, _health(snapshot), gpus), snapshot)
+    failures: list[str] = []
+    warnings: list[str] = []
+    for gpu in selected:
+        rule(gpu, _where(snapshot, gpu), failures, warnings)
+    return _verdict(snapshot, what, failures, warnings,
+                    {"gpus": _field_evidence(selected, fields), "not_judged": _not_supported(selected, fields),
+                     **(evidence or {})},
+                    ok_summary(selected))
+
+
+def _indexes(gpus: Sequence[GpuHealth]) -> str:
+    return ",".join(str(g.index) for g in gpus)
+
+
 # ---------------------------------------------------------------------------------- checks
 
 def check_cuda_driver_compat(snapshot: HostSnapshot) -> Verdict:
@@ -195,9 +223,8 @@ def check_gpu_alive(snapshot: HostSnapshot, gpus: Sequence[int] | None = None) -
             failures.append(f"{_where(snapshot, gpu)}: gpu_recovery_action = {action}: {_recovery(action)}")
     evidence = {"gpus": _field_evidence(selected, ("gpu_recovery_action",)),
                 "not_judged": _not_supported(_alive(selected), ("gpu_recovery_action",))}
-    indexes = ",".join(str(g.index) for g in selected)
     return _verdict(snapshot, "GPUs alive", failures, [], evidence,
-                    f"GPU {indexes} on {snapshot.host} answer and ask for no recovery action")
+                    f"GPU {_indexes(selected)} on {snapshot.host} answer and ask for no recovery action")
 
 
 def visible_gpu_count(health: HostHealth) -> tuple[int, str]:
@@ -264,16 +291,8 @@ MEMORY_FIELDS = (
 
 def check_memory_health(snapshot: HostSnapshot, gpus: Sequence[int] | None = None) -> Verdict:
     """Row remaps, ECC, SRAM and retired pages against DCGM's and GCM's thresholds."""
-    health = _health(snapshot)
-    selected = _alive(_gpus(snapshot, health, gpus), snapshot)
-    failures: list[str] = []
-    warnings: list[str] = []
-    for gpu in selected:
-        where = _where(snapshot, gpu)
-
-        def value(name: str, g: GpuHealth = gpu) -> Any:
-            return g.get(name)
-
+    def rule(gpu: GpuHealth, where: str, failures: list[str], warnings: list[str]) -> None:
+        value = gpu.get
         if value("remapped_rows.pending") is True:
             failures.append(f"{where}: remapped_rows.pending = Yes: a row remap waits for a GPU reset "
                             "(DCGM: reset required); reset it (nvidia-smi -r) before use")
@@ -304,10 +323,9 @@ def check_memory_health(snapshot: HostSnapshot, gpus: Sequence[int] | None = Non
                             f"{CORRECTED_VOLATILE_WARN} (GCM: warn)")
         if value("ecc.mode.current") == "Disabled" and _DATACENTER.search(_name(snapshot, gpu)):
             warnings.append(f"{where}: ecc.mode.current = Disabled on a data-center GPU: memory errors go unnoticed")
-    evidence = {"gpus": _field_evidence(selected, MEMORY_FIELDS), "not_judged": _not_supported(selected, MEMORY_FIELDS)}
-    indexes = ",".join(str(g.index) for g in selected)
-    return _verdict(snapshot, "GPU memory health", failures, warnings, evidence,
-                    f"GPU {indexes} on {snapshot.host}: no pending or failed remaps, no uncorrectable ECC errors")
+
+    return _per_gpu(snapshot, gpus, "GPU memory health", MEMORY_FIELDS, rule, lambda selected: (
+        f"GPU {_indexes(selected)} on {snapshot.host}: no pending or failed remaps, no uncorrectable ECC errors"))
 
 
 def _name(snapshot: HostSnapshot, gpu: GpuHealth) -> str:
@@ -319,26 +337,24 @@ def _name(snapshot: HostSnapshot, gpu: GpuHealth) -> str:
 
 def check_fabric(snapshot: HostSnapshot, gpus: Sequence[int] | None = None) -> Verdict:
     """On an NVSwitch machine, every GPU's fabric registration completed with success (else CUDA Error 802)."""
-    health = _health(snapshot)
-    selected = _alive(_gpus(snapshot, health, gpus), snapshot)
-    failures = []
-    for gpu in selected:
+    def rule(gpu: GpuHealth, where: str, failures: list[str], warnings: list[str]) -> None:
         state, status = gpu.get("fabric.state"), gpu.get("fabric.status")
         if state is NOT_SUPPORTED or state is None:
-            continue
+            return
         if str(state).lower() != "completed":
-            failures.append(f"{_where(snapshot, gpu)}: fabric.state = {state}: the fabric manager has not "
+            failures.append(f"{where}: fabric.state = {state}: the fabric manager has not "
                             "registered this GPU; CUDA would fail with Error 802 (system not yet initialized): "
                             "start nvidia-fabricmanager (systemctl start nvidia-fabricmanager)")
         elif status is not NOT_SUPPORTED and status is not None and str(status).lower() != "success":
-            failures.append(f"{_where(snapshot, gpu)}: fabric.status = {status} (fabric.state = {state}): "
+            failures.append(f"{where}: fabric.status = {status} (fabric.state = {state}): "
                             "registration completed with an error; check nvidia-fabricmanager's log")
-    supported = [g for g in selected if g.get("fabric.state") not in (NOT_SUPPORTED, None)]
-    evidence = {"gpus": _field_evidence(selected, ("fabric.state", "fabric.status")),
-                "not_judged": _not_supported(selected, ("fabric.state", "fabric.status"))}
-    summary = (f"{snapshot.host}: fabric registration completed on GPU {','.join(str(g.index) for g in supported)}"
-               if supported else f"{snapshot.host}: fabric.state not supported on this GPU (no NVSwitch fabric)")
-    return _verdict(snapshot, "GPU fabric", failures, [], evidence, summary)
+
+    def summary(selected: list[GpuHealth]) -> str:
+        supported = [g for g in selected if g.get("fabric.state") not in (NOT_SUPPORTED, None)]
+        return (f"{snapshot.host}: fabric registration completed on GPU {_indexes(supported)}"
+                if supported else f"{snapshot.host}: fabric.state not supported on this GPU (no NVSwitch fabric)")
+
+    return _per_gpu(snapshot, gpus, "GPU fabric", ("fabric.state", "fabric.status"), rule, summary)
 
 
 MODE_FIELDS = ("mig.mode.current", "mig.mode.pending", "compute_mode", "persistence_mode")
@@ -346,12 +362,7 @@ MODE_FIELDS = ("mig.mode.current", "mig.mode.pending", "compute_mode", "persiste
 
 def check_gpu_modes(snapshot: HostSnapshot, gpus: Sequence[int] | None = None, tp: int = 1) -> Verdict:
     """MIG off (fail with TP > 1, warn at TP = 1), compute mode Default, persistence on (warn)."""
-    health = _health(snapshot)
-    selected = _alive(_gpus(snapshot, health, gpus), snapshot)
-    failures: list[str] = []
-    warnings: list[str] = []
-    for gpu in selected:
-        where = _where(snapshot, gpu)
+    def rule(gpu: GpuHealth, where: str, failures: list[str], warnings: list[str]) -> None:
         mig, pending = gpu.get("mig.mode.current"), gpu.get("mig.mode.pending")
         if mig == "Enabled":
             text = (f"{where}: mig.mode.current = Enabled: vLLM does not support MIG directly "
@@ -373,11 +384,10 @@ def check_gpu_modes(snapshot: HostSnapshot, gpus: Sequence[int] | None = None, t
         if gpu.get("persistence_mode") == "Disabled":
             warnings.append(f"{where}: persistence_mode = Disabled: each CUDA start re-initialises the GPU "
                             "(DCGM: warn); run nvidia-persistenced")
-    evidence = {"gpus": _field_evidence(selected, MODE_FIELDS), "not_judged": _not_supported(selected, MODE_FIELDS),
-                "tp": tp}
-    indexes = ",".join(str(g.index) for g in selected)
-    return _verdict(snapshot, "GPU modes", failures, warnings, evidence,
-                    f"GPU {indexes} on {snapshot.host}: MIG, compute mode and persistence allow TP = {tp}")
+
+    return _per_gpu(snapshot, gpus, "GPU modes", MODE_FIELDS, rule, lambda selected: (
+        f"GPU {_indexes(selected)} on {snapshot.host}: MIG, compute mode and persistence allow TP = {tp}"),
+        evidence={"tp": tp})
 
 
 LINK_FIELDS = ("clocks_event_reasons.active", "pcie.link.gen.current", "pcie.link.gen.max",
@@ -390,12 +400,7 @@ def check_clocks_and_links(snapshot: HostSnapshot, gpus: Sequence[int] | None = 
     SW power cap is recorded, never judged. An idle GPU may lower its PCIe generation to save power
     (nvidia-smi's help says so), so the generation is only recorded here; a narrower link warns.
     """
-    health = _health(snapshot)
-    selected = _alive(_gpus(snapshot, health, gpus), snapshot)
-    failures: list[str] = []
-    warnings: list[str] = []
-    for gpu in selected:
-        where = _where(snapshot, gpu)
+    def rule(gpu: GpuHealth, where: str, failures: list[str], warnings: list[str]) -> None:
         mask = gpu.get("clocks_event_reasons.active")
         if isinstance(mask, int) and not isinstance(mask, bool) and mask & THROTTLING_MASK:
             failures.append(f"{where}: clocks_event_reasons.active = 0x{mask:016x} "
@@ -405,10 +410,9 @@ def check_clocks_and_links(snapshot: HostSnapshot, gpus: Sequence[int] | None = 
         if isinstance(width, int) and isinstance(width_max, int) and width < width_max:
             warnings.append(f"{where}: pcie.link.width.current = x{width} < pcie.link.width.max = x{width_max}: "
                             "the slot or riser runs the link narrower than it can go")
-    evidence = {"gpus": _field_evidence(selected, LINK_FIELDS), "not_judged": _not_supported(selected, LINK_FIELDS)}
-    indexes = ",".join(str(g.index) for g in selected)
-    return _verdict(snapshot, "GPU clocks and links", failures, warnings, evidence,
-                    f"GPU {indexes} on {snapshot.host}: no clock slowdown before load, PCIe links at full width")
+
+    return _per_gpu(snapshot, gpus, "GPU clocks and links", LINK_FIELDS, rule, lambda selected: (
+        f"GPU {_indexes(selected)} on {snapshot.host}: no clock slowdown before load, PCIe links at full width"))
 
 
 def describe_xid(line: str) -> str:

@@ -58,6 +58,8 @@ class ServerPool:
         self.servers: dict[ServeSpec, VLLMServer] = {}
         self.failures: dict[ServeSpec, str] = {}
         """Specs that failed to start or died: later requests fail at once with the cause, never wait again."""
+        self._reported: set[VLLMServer] = set()
+        """Servers whose teardown went to ``on_stop``: each is reported once, however often it is stopped."""
 
     def get(self, spec: ServeSpec, ready_timeout_s: float | None = None) -> VLLMServer:
         """The ready server for ``spec``: the running one, else started (or attached) now."""
@@ -83,6 +85,8 @@ class ServerPool:
                         raise TeardownError(report)
             server = VLLMServer(spec, self.host, ready_timeout_s=timeout, log_dir=self.log_dir,
                                 progress=self._progress, snapshot=self._snapshot)
+        if existing is not None and existing.teardown is not None:
+            self._report(existing, existing.teardown)  # stopped by the test itself: its record, before it goes
         self.servers[spec] = server
         try:
             server.start()
@@ -103,7 +107,11 @@ class ServerPool:
         self.failures[spec] = f"{cause}\n(this server died earlier in the session)"
 
     def stop(self, spec: ServeSpec) -> TeardownReport | None:
-        """Stop the server of ``spec`` (verified) and return its report; None when there is none."""
+        """Stop the server of ``spec`` (verified) and return its report; None when there is none.
+
+        A server already stopped returns its first report (:meth:`VLLMServer.stop`), which is not
+        reported to ``on_stop`` again.
+        """
         server = self.servers.get(spec)
         if server is None:
             return None
@@ -111,9 +119,16 @@ class ServerPool:
             report = server.stop()
         finally:
             self._invalidate()
+        self._report(server, report)
+        return report
+
+    def _report(self, server: VLLMServer, report: TeardownReport) -> None:
+        """Hand ``report`` to ``on_stop`` unless this server's teardown went there already."""
+        if server in self._reported:
+            return
+        self._reported.add(server)
         if self._on_stop is not None:
             self._on_stop(server, report)
-        return report
 
     def emergency_stop(self, reason: str) -> None:
         """Stop every running server of this pool without verification (interrupts, session end)."""
@@ -123,11 +138,13 @@ class ServerPool:
                     server.stop(verify=False, note=reason)
 
     def stop_all(self) -> list[TeardownReport]:
-        """Stop every server, each verified; their reports."""
+        """Stop every server, each verified; the reports not reported before (one stopped earlier was
+        recorded, and judged, then)."""
         reports = []
-        for spec in list(self.servers):
+        for spec, server in list(self.servers.items()):
+            new = server not in self._reported
             report = self.stop(spec)
-            if report is not None:
+            if report is not None and new:
                 reports.append(report)
         return reports
 

@@ -85,3 +85,44 @@ def test_a_server_on_overlapping_gpus_stops_the_running_one_first(pytester: pyte
     assert (first["ok"], first["exit_code"]) == (True, -15)
     assert all(t["ok"] for t in document["teardowns"])
     assert [s["spec"]["served_model_name"] for s in document["servers"]] == ["first", "second"]
+
+
+STOPPED_EARLY = """
+from pytest_gpuready import ServeSpec
+
+BY_FIXTURE = ServeSpec(model="/m", served_model_name="by-fixture")
+BY_ITSELF = ServeSpec(model="/m", served_model_name="by-itself")
+
+def test_stops_it_through_the_fixture(vllm_server):
+    assert vllm_server.stop(vllm_server(BY_FIXTURE)).ok
+
+def test_stops_it_itself(vllm_server):
+    server = vllm_server(BY_ITSELF)
+    first = server.stop()
+    assert first.ok and server.stop() is first
+
+def test_later(vllm_server):
+    assert not any(s.running for s in vllm_server.servers)
+
+def test_asks_for_the_one_it_stopped_again(vllm_server):
+    assert vllm_server(BY_ITSELF).running  # a new server: the one stopped is recorded as it is replaced
+"""
+
+
+def test_a_server_stopped_early_has_its_teardown_recorded_once(pytester: pytest.Pytester) -> None:
+    """The session's end stops every server of the pool: one stopped already is not recorded again."""
+    pytester.makepyfile(test_early=STOPPED_EARLY)
+    report = pytester.path / "report.json"
+    junit = pytester.path / "junit.xml"
+    result = pytester.runpytest("-p", "no:cacheprovider", "--vllm-cmd", ROUTES, f"--gpuready-report={report}",
+                                f"--junitxml={junit}")
+    result.assert_outcomes(passed=4)
+    teardowns = json.loads(report.read_text())["teardowns"]
+    assert [(t["server"], t["test"]) for t in teardowns] == [
+        ("by-fixture, TP=1", "test_early.py::test_stops_it_through_the_fixture"),
+        ("by-itself, TP=1", "test_early.py::test_asks_for_the_one_it_stopped_again"),  # as it was replaced
+        ("by-itself, TP=1", "test_early.py::test_asks_for_the_one_it_stopped_again"),  # the new one, at the end
+    ]
+    assert teardowns[1]["stopped"] != teardowns[2]["stopped"]  # two servers (their pids), each once
+    assert all(t["ok"] for t in teardowns)
+    assert junit.read_text().count('name="gpuready.teardown_s"') == 3
