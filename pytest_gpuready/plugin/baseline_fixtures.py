@@ -180,7 +180,8 @@ def tolerances_of(tolerance: str | float | None, metrics: Mapping[str, str | flo
         if isinstance(value, str):
             return parse_percent(value, what)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 10:
-            raise ValueError(f"{what}: expected a percentage like '5%' or a fraction like 0.05, got {value!r}")
+            raise ValueError(f"{what}: expected a percentage like '5%', a fraction like 0.05 or 'off', "
+                             f"got {value!r}")
         return float(value)
 
     result: dict[str, float] = {}

@@ -192,7 +192,7 @@ GPUREADY_BASELINE_MIN_RUNS = setting(
 GPUREADY_COMPARE_FAIL = setting(
     "gpuready_compare_fail", _parse_tolerances, None,
     "Tolerance per metric before a level regresses, e.g. output_tok_s:5%,ttft_p99:20% (a bare 15% sets "
-    "all; default 10% each). Metrics: " + ", ".join(METRIC_BY_NAME) + ".",
+    "all; off records a metric without gating it; default 10% each). Metrics: " + ", ".join(METRIC_BY_NAME) + ".",
     metavar="METRIC:PERCENT,...", shown_default="10% per metric")
 GPUREADY_GITHUB_BENCHMARK = setting(
     "gpuready_github_benchmark", s.parse_optional_str, None,

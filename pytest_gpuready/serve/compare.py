@@ -74,15 +74,21 @@ Tolerances = Mapping[str, float]
 """Metric name -> tolerance as a fraction (0.05 for 5%); metrics not named get the default."""
 
 
+NOT_GATED = math.inf
+"""The tolerance ``off``: the metric is compared and recorded, never a regression."""
+
+
 def parse_percent(text: str, what: str) -> float:
-    """``5%`` -> 0.05 (a number > 0 followed by ``%``)."""
+    """``5%`` -> 0.05 (a number > 0 followed by ``%``); ``off`` -> :data:`NOT_GATED`."""
     raw = text.strip()
+    if raw.lower() == "off":
+        return NOT_GATED
     if not raw.endswith("%"):
-        raise ValueError(f"{what}: expected a percentage like 5%, got {raw!r}")
+        raise ValueError(f"{what}: expected a percentage like 5%, or off, got {raw!r}")
     try:
         value = float(raw[:-1])
     except ValueError:
-        raise ValueError(f"{what}: expected a percentage like 5%, got {raw!r}") from None
+        raise ValueError(f"{what}: expected a percentage like 5%, or off, got {raw!r}") from None
     if not value > 0 or math.isinf(value):
         raise ValueError(f"{what}: expected a percentage > 0, got {raw!r}")
     return value / 100.0
@@ -91,7 +97,8 @@ def parse_percent(text: str, what: str) -> float:
 def parse_tolerances(text: str) -> dict[str, float]:
     """``output_tok_s:5%,ttft_p99:20%`` -> ``{"output_tok_s": 0.05, "ttft_p99": 0.2}``.
 
-    A bare percentage (``15%``) sets every metric; a later entry wins over an earlier one.
+    A bare percentage (``15%``) sets every metric; a later entry wins over an earlier one; ``off``
+    (``itl_p50:off``) compares and records a metric without ever calling it regressed.
     """
     tolerances: dict[str, float] = {}
     for part in (p.strip() for p in text.split(",")):
@@ -172,6 +179,9 @@ class MetricComparison:
         """``output tok/s 812.4 -> 402.1 tok/s (-50.5%, factor 2.02 > 1.10; rounds p=0.0006, r=-1.00,
         21+7; 3 runs, spread p=0.0003, calls beyond -23.1%)``."""
         label = METRIC_BY_NAME[self.name].label if self.name in METRIC_BY_NAME else self.name
+        if math.isinf(self.tolerance):
+            return (f"{label} {self.baseline:.4g} -> {self.now:.4g} {self.unit} ({self.change:+.1%}; not gated, "
+                    f"{self.runs} run{'' if self.runs == 1 else 's'})")
         relation = ">" if self.factor > 1 + self.tolerance else "<="
         runs = f"{self.runs} run{'' if self.runs == 1 else 's'}"
         if self.run_p_value is not None:
@@ -186,7 +196,8 @@ class MetricComparison:
     def to_dict(self) -> dict[str, Any]:
         return {"metric": self.name, "better": self.better, "unit": self.unit, "baseline": self.baseline,
                 "now": self.now, "change": self.change if math.isfinite(self.change) else None,
-                "factor": self.factor if math.isfinite(self.factor) else None, "tolerance": self.tolerance,
+                "factor": self.factor if math.isfinite(self.factor) else None,
+                "tolerance": self.tolerance if math.isfinite(self.tolerance) else None,
                 "p_value": self.p_value, "effect_size": self.effect_size,
                 "baseline_rounds": self.rounds[0], "rounds": self.rounds[1], "verdict": self.verdict,
                 "baseline_runs": self.runs, "run_p_value": self.run_p_value, "detectable": self.detectable,
@@ -194,6 +205,7 @@ class MetricComparison:
 
 
 WITHIN_TOLERANCE = "within the tolerance"
+NOT_GATED_NOTE = "not gated (tolerance off)"
 WITHIN_ROUNDS = "within the noise of the rounds"
 WITHIN_SPREAD = "within the run-to-run spread of the baseline's runs"
 TOO_FEW_ROUNDS = "too few rounds"
@@ -217,7 +229,7 @@ def compare_metric(metric: Metric, baseline_runs: Sequence[Sequence[float]], now
     now_median = statistics.median(now)
     spread = run_spread(medians, metric.better == HIGHER) if len(runs) >= SPREAD_RUNS else None
     detectable = None
-    if spread is not None:
+    if spread is not None and math.isfinite(tolerance):
         edge = spread.worse_bound()
         limit = spread.centre / (1.0 + tolerance) if metric.better == HIGHER else spread.centre * (1.0 + tolerance)
         bound = min(edge, limit) if metric.better == HIGHER else max(edge, limit)
@@ -225,6 +237,8 @@ def compare_metric(metric: Metric, baseline_runs: Sequence[Sequence[float]], now
     result = MetricComparison(metric.name, metric.better, metric.unit, run_centre(medians), now_median, tolerance,
                               test.p_value, test.effect_size, (len(pooled), len(now)), "ok", len(runs), None,
                               detectable, WITHIN_TOLERANCE)
+    if math.isinf(tolerance):
+        return replace(result, note=NOT_GATED_NOTE)
     limit = 1.0 + tolerance
     factor = result.factor
     worse, better = factor > limit, (1.0 / factor if factor else math.inf) > limit
@@ -279,6 +293,7 @@ __all__ = [
     "LOWER",
     "METRICS",
     "METRIC_BY_NAME",
+    "NOT_GATED",
     "P_THRESHOLD",
     "Metric",
     "MetricComparison",

