@@ -78,6 +78,33 @@ def test_a_bad_per_test_tolerance_fails_in_one_line(pytester: pytest.Pytester) -
     assert "Traceback" not in result.stdout.str()
 
 
+@pytest.mark.parametrize("value", ["0", "11", "True"])
+def test_a_bad_per_test_min_runs_fails_in_one_line(pytester: pytest.Pytester, value: str) -> None:
+    pytester.makepyfile(f"""
+        from pytest_gpuready.plugin.server_fixtures import ServingBenchmark
+
+        def test_gate():
+            ServingBenchmark.expect_no_regression(type("B", (), {{"comparison": None}})(), min_runs={value})
+    """)
+    result = pytester.runpytest(*PLUGIN)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*expect_no_regression: min_runs {value}: expected a whole number from 1 to 10*"])
+
+
+def test_a_per_test_min_runs_of_one_decides_on_one_run(pytester: pytest.Pytester) -> None:
+    report = slower_report()
+    baseline_from(report, pytester.path / "baseline.json")
+    pytester.makepyfile(test_gate=GATE.format(report=str(REPORTS / "vllm-cpu-baseline-slower.json")) + """
+
+def test_min_runs_one(pytestconfig):
+    comparison(pytestconfig).expect(None, min_runs=1)
+""")
+    result = pytester.runpytest(*PLUGIN, "--gpuready-baseline", "baseline.json", "-k", "min_runs_one")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*1 of 2 levels regressed*",
+                                 "*c8: regressed: *spread not judged (1 run, min_runs 1)*"])
+
+
 def test_help_lists_the_baseline_options(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest(*PLUGIN, "--help")
     result.stdout.fnmatch_lines(["*--gpuready-baseline=PATH*", "*--gpuready-baseline-save*",
