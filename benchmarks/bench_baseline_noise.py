@@ -214,7 +214,7 @@ def main() -> int:
                 server = None
             summary = summary_of(run, time.monotonic() - started)
             results["runs"].append(summary)
-            longest = max(longest, summary["seconds"]) if index else summary["seconds"]
+            longest = max(run["seconds"] for run in results["runs"])  # the guess only until a run is timed
             print(f"unchanged run {index + 1}: {line_of(summary)}", flush=True)
             if run.returncode not in (0, 1):
                 print(run.output[-3000:], flush=True)

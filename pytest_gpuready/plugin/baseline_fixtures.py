@@ -389,6 +389,7 @@ class BaselineCollector:
         except store.BaselineFileError:
             levels = dict(state.levels)
         saved = 0
+        held: set[int] = set()
         for bench in self.benchmarks:
             for level in (bench.get("comparison") or {}).get("levels") or []:
                 if not level.get("saved") or level.get("key") is None:
@@ -396,15 +397,15 @@ class BaselineCollector:
                 key = store.ComparabilityKey.from_dict(level["key"])
                 run = store.StoredRun(level["samples"], store.now_iso(), level.get("clock_events"))
                 kept = levels.get(str(level["level"]))
-                levels[str(level["level"])] = kept.with_run(key, run) if kept is not None else \
-                    store.StoredLevel(key, (run,))
+                stored = kept.with_run(key, run) if kept is not None else store.StoredLevel(key, (run,))
+                levels[str(level["level"])] = stored
+                held.add(len(stored.runs))
                 saved += 1
         if saved:
             store.save(state.path, levels)
-        runs = sorted({len(levels[str(level["level"])].runs) for bench in self.benchmarks
-                       for level in (bench.get("comparison") or {}).get("levels") or [] if level.get("saved")})
-        held = f" (each now holds {'/'.join(map(str, runs))} of up to {store.MAX_RUNS_KEPT} runs)" if runs else ""
-        self.written.append(f"gpuready: baseline {state.path}: {saved} level{'' if saved == 1 else 's'} saved{held}")
+        holds = (f" (each now holds {'/'.join(map(str, sorted(held)))} of up to {store.MAX_RUNS_KEPT} runs)"
+                 if held else "")
+        self.written.append(f"gpuready: baseline {state.path}: {saved} level{'' if saved == 1 else 's'} saved{holds}")
 
     def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
         rows = comparison_rows(self.benchmarks)

@@ -26,6 +26,7 @@ Nothing here reads a value: this module only declares.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from pytest_gpuready.host.checks import DEFAULT_MAX_USED_MIB, DEFAULT_SHM_MIN_FREE_MIB
@@ -36,7 +37,7 @@ from pytest_gpuready.model.backends import parse_gpu_arch
 from pytest_gpuready.model.vllm_version import VllmVersion, parse_vllm_version
 from pytest_gpuready.plugin import settings as s
 from pytest_gpuready.plugin.settings import Setting, setting
-from pytest_gpuready.serve.baseline import MAX_RUNS_KEPT
+from pytest_gpuready.serve.baseline import MAX_RUNS_KEPT, check_min_runs
 from pytest_gpuready.serve.compare import DEFAULT_MIN_RUNS, METRIC_BY_NAME, parse_tolerances
 
 # ---------------------------------------------------------------- hosts (host_fixtures)
@@ -163,13 +164,10 @@ def _parse_tolerances(text: str) -> dict[str, float] | None:
 
 
 def _parse_min_runs(text: str) -> int:
-    try:
+    value: object = text
+    with contextlib.suppress(ValueError):
         value = int(text.strip())
-    except ValueError:
-        value = 0
-    if not 1 <= value <= MAX_RUNS_KEPT:
-        raise ValueError(f"expected a whole number from 1 to {MAX_RUNS_KEPT} (the runs a baseline keeps)")
-    return value
+    return check_min_runs(value)
 
 
 GPUREADY_BASELINE = setting(

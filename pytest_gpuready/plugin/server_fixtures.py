@@ -42,7 +42,7 @@ from pytest_gpuready.plugin.host_session import HOST_REGISTRY_KEY, HostSession
 from pytest_gpuready.plugin.model_fixtures import SKIP_NO_DEPLOY_FILE, deploy_config_of
 from pytest_gpuready.plugin.options import SERVER_SETTINGS, VLLM_CMD, VLLM_READY_TIMEOUT, VLLM_URL
 from pytest_gpuready.plugin.recording import CURRENT_ITEM_KEY, add_report_entry, record
-from pytest_gpuready.serve.baseline import MAX_RUNS_KEPT
+from pytest_gpuready.serve.baseline import check_min_runs
 from pytest_gpuready.serve.bench import BenchResult, ServerGoneError, XidDuringBenchmarkError, run_benchmark
 from pytest_gpuready.serve.pool import ServerPool
 from pytest_gpuready.serve.server import ServerError, TeardownReport, VLLMServer
@@ -348,9 +348,8 @@ class ServingBenchmark:
         bad: str | None = None
         try:
             per_test = baseline.tolerances_of(tolerance, metrics)
-            if min_runs is not None and (isinstance(min_runs, bool) or not isinstance(min_runs, int)
-                                         or not 1 <= min_runs <= MAX_RUNS_KEPT):
-                raise ValueError(f"min_runs {min_runs!r}: expected a whole number from 1 to {MAX_RUNS_KEPT}")
+            if min_runs is not None:
+                check_min_runs(min_runs, f"min_runs {min_runs!r}")
         except ValueError as exc:
             bad = f"expect_no_regression: {exc}"
         if bad is not None:

@@ -275,24 +275,23 @@ def parse_url(text: str) -> str | None:
     return url.rstrip("/")
 
 
-def parse_command(text: str) -> str:
+def _command_line(text: str, expected: str) -> str:
+    """``text`` if the shell would read it as a non-empty command (quotes closed), else ``expected``."""
     try:
         words = shlex.split(text)
     except ValueError as exc:
-        raise ValueError(f"expected a command line like 'vllm serve' ({exc})") from None
+        raise ValueError(f"expected {expected} ({exc})") from None
     if not words:
-        raise ValueError("expected a command line like 'vllm serve'")
+        raise ValueError(f"expected {expected}")
     return text.strip()
+
+
+def parse_command(text: str) -> str:
+    return _command_line(text, "a command line like 'vllm serve'")
 
 
 def parse_python(text: str) -> str:
-    try:
-        words = shlex.split(text)
-    except ValueError as exc:
-        raise ValueError(f"expected a Python command like /opt/vllm/bin/python ({exc})") from None
-    if not words:
-        raise ValueError("expected a Python command like /opt/vllm/bin/python")
-    return text.strip()
+    return _command_line(text, "a Python command like /opt/vllm/bin/python")
 
 
 def expecting(parse: Callable[[str], T], expected: str) -> Callable[[str], T]:

@@ -34,6 +34,15 @@ VERSION = 2
 READABLE_VERSIONS = (1, 2)
 MAX_RUNS_KEPT = 10
 """Runs a level keeps; saving an eleventh drops the oldest (a window that follows the deployment)."""
+
+
+def check_min_runs(value: object, what: str = "") -> int:
+    """``min_runs`` as ``--gpuready-baseline-min-runs`` and ``expect_no_regression`` take it: a whole
+    number from 1 to the runs a level keeps (more could never be reached)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RUNS_KEPT:
+        prefix = f"{what}: " if what else ""
+        raise ValueError(f"{prefix}expected a whole number from 1 to {MAX_RUNS_KEPT} (the runs a baseline keeps)")
+    return value
 MAX_BASELINE_BYTES = 64 * 1024 * 1024
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
@@ -277,6 +286,7 @@ __all__ = [
     "ComparabilityKey",
     "StoredLevel",
     "StoredRun",
+    "check_min_runs",
     "key_difference",
     "level_id",
     "load",

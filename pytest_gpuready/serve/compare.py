@@ -231,8 +231,8 @@ def compare_metric(metric: Metric, baseline_runs: Sequence[Sequence[float]], now
     detectable = None
     if spread is not None and math.isfinite(tolerance):
         edge = spread.worse_bound()
-        limit = spread.centre / (1.0 + tolerance) if metric.better == HIGHER else spread.centre * (1.0 + tolerance)
-        bound = min(edge, limit) if metric.better == HIGHER else max(edge, limit)
+        tolerated = spread.centre / (1.0 + tolerance) if metric.better == HIGHER else spread.centre * (1.0 + tolerance)
+        bound = min(edge, tolerated) if metric.better == HIGHER else max(edge, tolerated)
         detectable = bound / spread.centre - 1.0 if spread.centre else None
     result = MetricComparison(metric.name, metric.better, metric.unit, run_centre(medians), now_median, tolerance,
                               test.p_value, test.effect_size, (len(pooled), len(now)), "ok", len(runs), None,
