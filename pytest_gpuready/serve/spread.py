@@ -158,8 +158,7 @@ def run_spread(run_values: Sequence[float], higher_is_better: bool) -> RunSpread
     values = [math.log(v) for v in run_values] if log_scale else [float(v) for v in run_values]
     mean = statistics.fmean(values)
     scale = statistics.stdev(values) * math.sqrt(1.0 + 1.0 / k)
-    centre = math.exp(mean) if log_scale else mean
-    return RunSpread(k, centre, log_scale, mean, scale, higher_is_better)
+    return RunSpread(k, run_centre(run_values), log_scale, mean, scale, higher_is_better)
 
 
 def run_centre(run_values: Sequence[float]) -> float:
