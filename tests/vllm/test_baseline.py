@@ -170,13 +170,14 @@ def test_a_slower_server_is_caught_at_the_level_where_it_is_slower(
     else:
         # A 2-core machine saturated by other processes: the unchanged server gained nothing from
         # batching either (a fresh-clone CI run with three busy loops: 376 tok/s at c8, 331 at c1), so
-        # one request at a time is no slower and nothing can be caught. The gate must say what it saw.
+        # one request at a time is no slower, or its rounds scatter (-56.6% at p=0.029 with two busy
+        # loops): nothing can be called. The gate must say what it saw.
         assert throughput["verdict"] in ("ok", "improved"), run.output  # one fresh-clone run read it +34.1% at c8
         assert throughput["note"] in ("within the tolerance", "within the noise of the rounds",
                                       "run-to-run spread not judged (1 run, min_runs 1)"), run.output
-        warnings.warn(f"--max-num-seqs 1 was not slower at c8 on this machine now ({throughput['change']:+.1%}, "
-                      f"p={throughput['p_value']:.2g}): nothing to catch; the gate passed it as "
-                      f"{throughput['note']}", GpuReadyWarning, stacklevel=1)
+        warnings.warn(f"--max-num-seqs 1 at c8 on this machine now: {throughput['change']:+.1%}, "
+                      f"p={throughput['p_value']:.2g}, not a clear factor of 2 over rounds that agree; the gate "
+                      f"passed it as {throughput['note']}", GpuReadyWarning, stacklevel=1)
     # against three runs taken on this loaded machine the slowdown is called only where it lies
     # outside their spread, and the comparison says which, with what the baseline can call
     assert three.verdicts()[1] != "regressed", three.output
